@@ -1,0 +1,203 @@
+"""The gateway's gRPC front: DecisionService (Decide, DecideBatch) and StatusService (Watch).
+
+Servicers stay tiny: a request message becomes the same JSON body the HTTP route would get,
+goes through the same parser and decider (so every rule and error text is shared), and the
+result dict is packed into typed messages plus its exact JSON.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from typing import Any, Optional
+
+import grpc
+
+from laya_grpc import rpc
+from laya_grpc.errors import Kind, LayaError
+from laya_grpc.lifecycle import ChangeFeed, clamp_heartbeat
+from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
+
+from .contract import parse_batch_body, parse_decide_body
+from .decider import Decider
+from .render import render_json
+
+S = status_pb2
+UNAUTHORIZED_DETAIL = "invalid or missing bearer token"
+
+
+def _json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise LayaError(Kind.BAD_REQUEST, "%s is not valid JSON: %s" % (what, e)) from None
+
+
+def _questions(qs) -> dict:
+    out: dict = {}
+    for q in qs:
+        if q.id in out:
+            raise LayaError(Kind.INVALID, "question id %r is given twice" % q.id)
+        d: dict = {"type": q.type,
+                   "instructions": _json(q.instructions_json, "questions[%r].instructions_json" % q.id)
+                   if q.instructions_json else q.instructions}
+        if q.criteria_json:
+            d["criteria"] = _json(q.criteria_json, "questions[%r].criteria_json" % q.id)
+        if q.labels:
+            d["labels"] = dict(q.labels)
+        if len(q.option_order):
+            d["option_order"] = list(q.option_order)
+        out[q.id] = d
+    return out
+
+
+def _controls(req, body: dict) -> None:
+    for name in ("model", "task", "lang", "lang_guess"):
+        value = getattr(req, name)
+        if value:
+            body[name] = value
+    for name in ("max_len", "head_max_len"):
+        if req.HasField(name):
+            body[name] = getattr(req, name)
+    if req.min_confidence_json:
+        body["min_confidence"] = _json(req.min_confidence_json, "min_confidence_json")
+
+
+def _only_request_json(req, fields) -> bool:
+    if not req.request_json:
+        return False
+    if any(req.HasField(f) if f in ("max_len", "head_max_len") else bool(getattr(req, f)) for f in fields):
+        raise LayaError(Kind.BAD_REQUEST, "request_json replaces the other fields; send one or the other")
+    return True
+
+
+def decide_body(req: decision_pb2.DecideRequest) -> bytes:
+    if req.WhichOneof("state") is None and _only_request_json(
+            req, ("questions", "model", "task", "lang", "lang_guess", "max_len", "head_max_len", "min_confidence_json")):
+        return req.request_json.encode("utf-8")
+    body: dict = {}
+    which = req.WhichOneof("state")
+    if which == "text":
+        body["state"] = req.text
+    elif which == "state_json":
+        body["state"] = _json(req.state_json, "state_json")
+    body["questions"] = _questions(req.questions)
+    _controls(req, body)
+    return json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+
+def batch_body(req: decision_pb2.DecideBatchRequest) -> bytes:
+    if _only_request_json(req, ("states_json", "questions", "model", "task", "lang", "lang_guess", "max_len",
+                                "head_max_len", "min_confidence_json")):
+        return req.request_json.encode("utf-8")
+    body = {"states": [_json(s, "states_json[%d]" % i) for i, s in enumerate(req.states_json)],
+            "questions": _questions(req.questions)}
+    _controls(req, body)
+    return json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+
+def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> None:
+    for qid, a in result.get("answers", {}).items():
+        m = msg.answers.add(id=qid, type=a["type"])
+        if "choice" in a:
+            m.choice_json = json.dumps(a["choice"], ensure_ascii=False)
+        if "score" in a:
+            m.score = a["score"]
+        if "noul" in a:
+            m.noul = a["noul"]
+        for label, p in (a.get("probabilities") or {}).items():
+            m.probabilities.add(label=label, p=p)
+        for k, v in (a.get("legend") or {}).items():
+            m.legend[k] = v
+        m.confidence = a.get("confidence", 0.0)
+        m.answer_confidence = a.get("answer_confidence", 0.0)
+        m.act_probability = (a.get("action") or {}).get("act_probability", 0.0)
+        if "abstention" in a:
+            m.abstention = a["abstention"]
+            m.abstention_threshold = a["abstention_threshold"]
+        m.low_confidence = bool(a.get("low_confidence", False))
+    u = result.get("usage", {})
+    msg.usage.input_tokens = u.get("input_tokens", 0)
+    msg.usage.output_tokens = u.get("output_tokens", 0)
+    msg.usage.state_tokens = u.get("state_tokens", 0)
+    msg.usage.state_tokens_dropped = u.get("state_tokens_dropped", 0)
+    msg.usage.truncated = bool(u.get("truncated", False))
+    msg.usage.truncated_questions.extend(u.get("truncated_questions", []))
+    r = result.get("routing")
+    if r:
+        msg.routing.model, msg.routing.repo, msg.routing.reason = r["model"], str(r["repo"]), r["reason"]
+        msg.routing.detection_json = json.dumps(r.get("detection"), ensure_ascii=False)
+        msg.routing.workflow = r.get("workflow") or ""
+    msg.json = render_json(result).decode("utf-8")
+
+
+class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
+    def __init__(self, decider: Decider, api_key: Optional[str], max_token_budget: int):
+        self.decider, self.max_token_budget = decider, max_token_budget
+        self._expected = ("Bearer " + api_key).encode() if api_key else None
+
+    def _auth(self, context) -> None:
+        if self._expected is None:
+            return
+        supplied = dict(context.invocation_metadata()).get("authorization", "")
+        if not hmac.compare_digest(str(supplied).encode("utf-8", "surrogateescape"), self._expected):
+            raise LayaError(Kind.UNAUTHENTICATED, UNAUTHORIZED_DETAIL)
+
+    @rpc.servicer_errors
+    async def Decide(self, request, context):
+        self._auth(context)
+        req = parse_decide_body(decide_body(request), self.decider.route_table, self.max_token_budget)
+        t0 = time.perf_counter()
+        result = await self.decider.decide(req)
+        resp = decision_pb2.DecideResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
+        pack_result(result, resp)
+        return resp
+
+    @rpc.servicer_errors
+    async def DecideBatch(self, request, context):
+        self._auth(context)
+        req = parse_batch_body(batch_body(request), self.decider.route_table, self.max_token_budget)
+        t0 = time.perf_counter()
+        result = await self.decider.decide_batch(req)
+        resp = decision_pb2.DecideBatchResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
+        for r in result["results"]:
+            pack_result(r, resp.results.add())
+        resp.json = render_json(result).decode("utf-8")
+        return resp
+
+
+class StatusServicer(decision_pb2_grpc.StatusServiceServicer):
+    """Pushes the state of every service and checkpoint on change, with heartbeats in between."""
+
+    def __init__(self, services, feed: ChangeFeed, address: str, heartbeat_s: float = 2.0):
+        self.services, self.feed, self.address, self.heartbeat_s = services, feed, address, heartbeat_s
+        self.state, self.detail = S.STARTING, ""
+
+    def event(self, reason: str) -> decision_pb2.StatusEvent:
+        ev = decision_pb2.StatusEvent(sequence=self.feed.sequence, time_unix=time.time(),
+                                      ready=self.services.ready(), reason=reason)
+        ev.services.add(service="gateway", state=S.READY if ev.ready else self.state, detail=self.detail,
+                        instance_id=self.feed.instance_id, sequence=self.feed.sequence, time_unix=ev.time_unix,
+                        started_unix=self.feed.started, address=self.address)
+        for b in self.services.backends:
+            if b.service == "inference" and b.status is not None and b.serving:
+                st = ev.services.add()
+                st.CopyFrom(b.status)
+                st.restarts = b.downs
+            else:
+                ev.services.add(service=b.service, state=b.state, detail=b.detail, address=b.address,
+                                restarts=b.downs)
+        return ev
+
+    @rpc.servicer_errors
+    async def GetStatus(self, request, context):
+        return self.event("initial")
+
+    async def Watch(self, request, context):
+        heartbeat = clamp_heartbeat(request.heartbeat_s, self.heartbeat_s)
+        seen = self.feed.sequence
+        await context.write(self.event("initial"))
+        while True:
+            changed = await self.feed.wait(seen, heartbeat)
+            seen = self.feed.sequence
+            await context.write(self.event("change" if changed else "heartbeat"))

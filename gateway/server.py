@@ -1,0 +1,125 @@
+"""`laya-grpc gateway`: HTTP `/v1/systemone` (upstream's contract) and the gRPC decision and
+status APIs, in one asyncio process in front of the tokenizer and inference services.
+Never imports torch or mlx.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+import uvicorn
+
+from laya_grpc import flags, rpc
+from laya_grpc.errors import Kind, LayaError
+from laya_grpc.lifecycle import ChangeFeed, install_stop_signals, setup_logging
+from laya_grpc.routing import RouteTable
+from laya_grpc.sources import parse_checkpoint_specs
+from laya_proto.v1 import decision_pb2, decision_pb2_grpc
+
+from .decider import Decider
+from .grpc_api import DecisionServicer, StatusServicer
+from .http_app import build_app
+from .remote import RemoteServices
+from .settings import GatewaySettings
+
+log = logging.getLogger("gateway")
+DECISION_SERVICE = decision_pb2.DESCRIPTOR.services_by_name["DecisionService"].full_name
+STATUS_SERVICE = decision_pb2.DESCRIPTOR.services_by_name["StatusService"].full_name
+
+
+def split_host_port(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise LayaError(Kind.INVALID, "%s expects HOST:PORT, got %r" % (what, text))
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    settings = GatewaySettings.from_env()
+    sources = parse_checkpoint_specs(args.checkpoint)
+    table = RouteTable.build(sources, settings.default_model)
+    feed = ChangeFeed()
+    services = RemoteServices(args.tokenizer, args.inference, feed)
+    decider = Decider(services, table, settings)
+
+    grpc_server = rpc.server()
+    status = StatusServicer(services, feed, args.grpc)
+    decision_pb2_grpc.add_DecisionServiceServicer_to_server(
+        DecisionServicer(decider, settings.api_key, settings.max_token_budget), grpc_server)
+    decision_pb2_grpc.add_StatusServiceServicer_to_server(status, grpc_server)
+    hs = rpc.add_health_and_reflection(grpc_server, [DECISION_SERVICE, STATUS_SERVICE])
+    await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], False)
+    try:
+        status.address = rpc.bind(grpc_server, args.grpc)
+    except RuntimeError as e:
+        raise LayaError(Kind.INVALID, "cannot listen on --grpc %s: %s (address in use?)" % (args.grpc, e)) from None
+    await grpc_server.start()
+
+    host, port = split_host_port(args.http, "--http")
+    app = build_app(decider, settings)
+    http = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                         lifespan="off", timeout_keep_alive=30, root_path=settings.root_path))
+    http.install_signal_handlers = lambda: None  # we own SIGTERM/SIGINT
+    services.start()
+
+    async def follow_readiness():
+        """grpc.health.v1 on the gateway flips with real readiness of everything behind it."""
+        seen, serving = -1, None
+        while True:
+            await feed.wait(seen, 5.0)
+            seen = feed.sequence
+            ready = services.ready()
+            if ready != serving:
+                serving = ready
+                await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], ready)
+                log.info("gateway %s", "READY" if ready else "not ready")
+
+    readiness = asyncio.ensure_future(follow_readiness())
+    http_task = asyncio.ensure_future(http.serve())
+    log.info("gateway: http on %s:%d, grpc on %s, tokenizer %s, inference %s", host, port, status.address,
+             ",".join(args.tokenizer), args.inference)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    done, _ = await asyncio.wait([asyncio.ensure_future(stop.wait()), http_task], return_when=asyncio.FIRST_COMPLETED)
+    if http_task in done and not stop.is_set():
+        exc = http_task.exception()
+        log.error("HTTP server stopped: %s", exc or "could not listen on --http %s (address in use?)" % args.http)
+        rc = 2
+    else:
+        rc = 0
+    await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], False)
+    http.should_exit = True
+    readiness.cancel()
+    await grpc_server.stop(grace=2.0)
+    if not http_task.done():
+        await http_task
+    await services.close()
+    return rc
+
+
+def add_gateway_flags(p: argparse.ArgumentParser) -> None:
+    flags.add(p, "--http", env="LAYA_HTTP", default="127.0.0.1:8000",
+              help="HOST:PORT for HTTP /v1/systemone, /v1/systemone/batch and /health")
+    flags.add(p, "--grpc", env="LAYA_GRPC", default="127.0.0.1:50051",
+              help="HOST:PORT (or unix:/path) for the gRPC DecisionService, StatusService and grpc.health.v1")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_gateway_flags(p)
+    flags.add(p, "--tokenizer", env="LAYA_TOKENIZER_ADDRESSES", append=True, default=["127.0.0.1:50053"],
+              help="tokenizer service address(es); requests are spread round-robin")
+    flags.add(p, "--inference", env="LAYA_INFERENCE_ADDRESS", default="127.0.0.1:50052",
+              help="inference service address")
+    flags.add(p, "--checkpoint", env="LAYA_CHECKPOINTS", append=True, metavar="NAME=SOURCE",
+              help="the checkpoints the inference service serves (names route requests; sources show in routing.repo)")
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging("gateway")
+    try:
+        return asyncio.run(serve(args))
+    except LayaError as e:
+        print("laya-grpc gateway: %s" % e.detail, file=sys.stderr)
+        return 2

@@ -1,0 +1,199 @@
+"""Cross-request dynamic batching on one device thread.
+
+Requests that arrive while the device is busy share the next forward pass: the thread takes
+queued jobs (same checkpoint, FIFO) until a padded-token budget or a row cap is reached, pads
+once, runs, and hands each job its slice. There is no wait timer by default (TEI's policy: the
+next batch forms as soon as the device frees); `max_wait_ms` adds a short one for bursty loads.
+All framework work stays on this thread (MLX requires it; torch releases the GIL in kernels).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from laya_grpc.errors import Kind, LayaError
+from laya_grpc.packed_rows import PackedRows
+
+log = logging.getLogger("inference_svc.batcher")
+
+
+@dataclass
+class BatchResult:
+    logits: list[np.ndarray]        # per row float32 [k]
+    act_logits: np.ndarray          # [n_rows, n_act]
+    queue_ms: float
+    model_ms: float
+    batch_rows: int
+
+
+@dataclass
+class _Job:
+    checkpoint: str
+    rows: PackedRows
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    def __init__(self, get_runner: Callable[[str], object], pad_id_of: Callable[[str], int], *,
+                 max_batch_tokens: int = 16384, max_batch_rows: int = 256, max_wait_ms: float = 0.0,
+                 length_multiple: int = 8):
+        self._get_runner = get_runner
+        self._pad_id_of = pad_id_of
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_rows = max_batch_rows
+        self.max_wait_s = max_wait_ms / 1e3
+        self.length_multiple = max(1, length_multiple)
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="laya-device", daemon=True)
+        self.busy = False
+        self.batches = 0
+        self.rows_done = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout=10)
+
+    @property
+    def depth(self) -> int:
+        return sum(j.rows.n for j in list(self._queue) if j.rows is not None)
+
+    def run_on_device(self, fn: Callable[[], object]) -> "asyncio.Future":
+        """Run `fn` on the device thread (loading, warmup, eviction), in queue order."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        job = _Job("", None, loop, fut)  # type: ignore[arg-type]
+        job.call = fn  # type: ignore[attr-defined]
+        with self._cv:
+            self._queue.append(job)
+            self._cv.notify()
+        return fut
+
+    async def submit(self, checkpoint: str, rows: PackedRows) -> BatchResult:
+        loop = asyncio.get_running_loop()
+        job = _Job(checkpoint, rows, loop, loop.create_future())
+        with self._cv:
+            if self._stop:
+                raise LayaError(Kind.BUSY, "inference service is shutting down")
+            self._queue.append(job)
+            self._cv.notify()
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            job.future.cancel()  # the device thread skips cancelled jobs
+            raise
+
+    # -- device thread --------------------------------------------------------------------
+    def _take(self) -> list[_Job]:
+        with self._cv:
+            while not self._queue and not self._stop:
+                self._cv.wait()
+            if self._stop:
+                return []
+            first = self._queue.popleft()
+            if hasattr(first, "call"):
+                return [first]
+            if self.max_wait_s > 0 and len(self._queue) == 0:
+                self._cv.wait(timeout=self.max_wait_s)
+            jobs, rows = [first], first.rows.n
+            longest = int(first.rows.lengths.max())
+            keep = collections.deque()
+            while self._queue:
+                j = self._queue.popleft()
+                if hasattr(j, "call") or j.checkpoint != first.checkpoint:
+                    keep.append(j)
+                    continue
+                if j.future.cancelled():
+                    continue
+                cand_longest = max(longest, int(j.rows.lengths.max()))
+                if rows + j.rows.n > self.max_batch_rows or (rows + j.rows.n) * cand_longest > self.max_batch_tokens:
+                    keep.append(j)
+                    keep.extend(self._queue)
+                    self._queue.clear()
+                    break
+                jobs.append(j)
+                rows += j.rows.n
+                longest = cand_longest
+            keep.extend(self._queue)
+            self._queue.clear()
+            self._queue.extend(keep)
+            return jobs
+
+    def _loop(self) -> None:
+        while True:
+            jobs = self._take()
+            if not jobs:
+                return
+            if hasattr(jobs[0], "call"):
+                self._run_call(jobs[0])
+                continue
+            jobs = [j for j in jobs if not j.future.cancelled()]
+            if not jobs:
+                continue
+            self.busy = True
+            try:
+                self._run_batch(jobs)
+            finally:
+                self.busy = False
+
+    def _run_call(self, job: _Job) -> None:
+        try:
+            out = job.call()  # type: ignore[attr-defined]
+            job.loop.call_soon_threadsafe(_set_result, job.future, out)
+        except BaseException as e:  # noqa: BLE001 - delivered to the awaiting coroutine
+            job.loop.call_soon_threadsafe(_set_exception, job.future, e)
+
+    def _run_batch(self, jobs: list[_Job]) -> None:
+        start = time.perf_counter()
+        try:
+            runner = self._get_runner(jobs[0].checkpoint)
+            rows = PackedRows.concat([j.rows for j in jobs])
+            L = int(rows.lengths.max())
+            L = -(-L // self.length_multiple) * self.length_multiple
+            batch = rows.pad(self._pad_id_of(jobs[0].checkpoint), pad_to=L)
+            logits, act = runner.forward(batch)
+        except BaseException as e:  # noqa: BLE001
+            err = e if isinstance(e, LayaError) else LayaError(Kind.INTERNAL, "forward failed: %s: %s" % (type(e).__name__, e))
+            if not isinstance(e, LayaError):
+                log.exception("forward failed")
+            for j in jobs:
+                j.loop.call_soon_threadsafe(_set_exception, j.future, err)
+            return
+        model_ms = (time.perf_counter() - start) * 1e3
+        self.batches += 1
+        self.rows_done += rows.n
+        at = 0
+        for j in jobs:
+            counts = j.rows.marker_counts
+            n = j.rows.n
+            res = BatchResult(
+                logits=[logits[at + i, : int(counts[i])].astype(np.float32, copy=True) for i in range(n)],
+                act_logits=act[at: at + n].astype(np.float32, copy=True),
+                queue_ms=(start - j.enqueued) * 1e3, model_ms=model_ms, batch_rows=rows.n)
+            at += n
+            j.loop.call_soon_threadsafe(_set_result, j.future, res)
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,177 @@
+"""The resident checkpoints: load on demand, warm before use, evict least recently used.
+
+Every state a checkpoint passes through (configured, loading, warming, ready, preparing, failed)
+is recorded here and pushed to status watchers; device and dtype are read from the live runner
+on every status read, never from what was requested.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from laya_grpc.errors import Kind, LayaError
+from laya_grpc.packed_rows import PackedRows
+from laya_grpc.temperatures import Temperatures
+from laya_proto.v1 import status_pb2
+
+from .runners import DevicePick, load_runner
+
+log = logging.getLogger("inference_svc.registry")
+S = status_pb2
+
+
+@dataclass
+class Slot:
+    name: str
+    source: str
+    state: int = S.CONFIGURED
+    detail: str = ""
+    ckpt: object = None               # laya_grpc.checkpoint.Checkpoint
+    runner: object = None
+    temps: Optional[Temperatures] = None
+    fingerprint: str = ""
+    pad_id: int = 0
+    load_ms: float = 0.0
+    warmup_ms: float = 0.0
+    last_used: float = 0.0
+    task: Optional[asyncio.Task] = None
+    was_ready: bool = False           # loaded later than startup -> PREPARING, not LOADING
+
+
+@dataclass
+class Registry:
+    sources: dict
+    backend: str
+    pick: DevicePick
+    dtype: str
+    max_loaded: int
+    warmup: bool
+    run_on_device: Callable            # Batcher.run_on_device
+    on_change: Callable[[], None]
+    slots: dict = field(default_factory=dict)
+    started: bool = False              # True once startup preloading finished
+
+    def __post_init__(self):
+        self.slots = {n: Slot(n, s) for n, s in self.sources.items()}
+
+    def slot(self, name: str) -> Slot:
+        s = self.slots.get(name)
+        if s is None:
+            raise LayaError(Kind.NOT_FOUND, "unknown checkpoint %r; served: %s" % (name, sorted(self.slots)))
+        return s
+
+    def ready_runner(self, name: str):
+        """For the device thread: the runner of a READY checkpoint."""
+        s = self.slots[name]
+        if s.runner is None:
+            raise LayaError(Kind.BUSY, "checkpoint %r is not loaded" % name)
+        return s.runner
+
+    async def ensure(self, name: str) -> Slot:
+        """The checkpoint, loaded and warm; concurrent callers share one load."""
+        s = self.slot(name)
+        s.last_used = time.time()
+        if s.state == S.READY:
+            return s
+        if s.task is None or s.task.done():
+            s.task = asyncio.ensure_future(self._load(s))
+        await asyncio.shield(s.task)
+        if s.state != S.READY:
+            raise LayaError(Kind.CHECKPOINT, "checkpoint %r failed to load: %s" % (name, s.detail))
+        return s
+
+    async def _load(self, s: Slot) -> None:
+        await self._evict_for(s.name)
+        preparing = self.started
+        self._set(s, S.PREPARING if preparing else S.LOADING, "reading weights from %s" % s.source)
+        t0 = time.perf_counter()
+        try:
+            from laya_grpc.checkpoint import open_checkpoint
+            ckpt = await asyncio.get_running_loop().run_in_executor(None, open_checkpoint, s.source)
+            runner = await self.run_on_device(lambda: load_runner(ckpt.path, self.backend, self.pick.device, self.dtype))
+            s.ckpt, s.runner = ckpt, runner
+            s.temps = Temperatures.from_config(ckpt.config)
+            s.fingerprint = _sha256(os.path.join(ckpt.path, "tokenizer", "tokenizer.json"))
+            s.pad_id = int(ckpt.special.pad_id)
+            s.load_ms = (time.perf_counter() - t0) * 1e3
+            if self.warmup:
+                self._set(s, S.PREPARING if preparing else S.WARMING, "warmup forwards")
+                t1 = time.perf_counter()
+                await self.run_on_device(lambda: _warm(runner, ckpt, s.pad_id))
+                s.warmup_ms = (time.perf_counter() - t1) * 1e3
+            self._set(s, S.READY, "")
+            log.info("checkpoint %s ready on %s/%s (load %.0f ms, warmup %.0f ms)", s.name, runner.device(),
+                     runner.dtype(), s.load_ms, s.warmup_ms)
+        except Exception as e:  # noqa: BLE001 - becomes FAILED with its message, service keeps serving others
+            detail = e.detail if isinstance(e, LayaError) else "%s: %s" % (type(e).__name__, e)
+            log.error("checkpoint %s failed: %s", s.name, detail)
+            s.runner = None
+            self._set(s, S.FAILED, detail)
+
+    async def _evict_for(self, name: str) -> None:
+        resident = [x for x in self.slots.values() if x.runner is not None and x.name != name]
+        while len(resident) >= self.max_loaded:
+            victim = min(resident, key=lambda x: x.last_used)
+            resident.remove(victim)
+            runner, victim.runner = victim.runner, None
+            self._set(victim, S.CONFIGURED, "evicted (least recently used; --max-loaded %d)" % self.max_loaded)
+            await self.run_on_device(runner.close)
+            log.info("evicted checkpoint %s", victim.name)
+
+    def _set(self, s: Slot, state: int, detail: str) -> None:
+        s.state, s.detail = state, detail
+        self.on_change()
+
+    def status(self, s: Slot) -> status_pb2.CheckpointStatus:
+        st = S.CheckpointStatus(name=s.name, state=s.state, detail=s.detail, source=s.source, backend=self.backend,
+                                load_ms=s.load_ms, warmup_ms=s.warmup_ms, last_used_unix=s.last_used,
+                                device_requested=self.pick.requested, device_fallback=self.pick.fallback,
+                                tokenizer_fingerprint=s.fingerprint)
+        if s.ckpt is not None:
+            st.revision = s.ckpt.revision or "local"
+            st.sha256 = s.ckpt.sha256 or ""
+            st.config_json = json.dumps(s.ckpt.config)
+            st.max_len, st.head_max_len = int(s.ckpt.max_len), int(s.ckpt.head_max_len)
+        runner = s.runner
+        if runner is not None:   # live facts, read from the weights now
+            st.device, st.dtype = runner.device(), runner.dtype()
+        return st
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def warmup_shapes(max_len: int) -> list[tuple[int, int, int]]:
+    """(rows, tokens, markers): a short question, several questions, a long state, a small batch."""
+    return [(1, min(64, max_len), 3), (6, min(128, max_len), 4), (1, max_len, 5), (16, min(128, max_len), 2)]
+
+
+def synthetic_rows(rows: int, tokens: int, markers: int, vocab: int, seed: int = 0) -> PackedRows:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, max(6, vocab), size=rows * tokens, dtype=np.int32)
+    mk = np.tile(np.arange(1, markers + 1, dtype=np.int32) * 2, rows)
+    return PackedRows(ids=ids, row_offsets=np.arange(rows + 1, dtype=np.int32) * tokens, markers=mk,
+                      marker_offsets=np.arange(rows + 1, dtype=np.int32) * markers,
+                      qtypes=np.arange(rows, dtype=np.int32) % 3)
+
+
+def _warm(runner, ckpt, pad_id: int) -> None:
+    for i, (r, t, m) in enumerate(warmup_shapes(int(ckpt.max_len))):
+        rows = synthetic_rows(r, t, m, runner.vocab_size, seed=i)
+        if getattr(ckpt, "option_layout", "sequential") == "parallel":
+            rows.position_ids = np.tile(np.arange(t, dtype=np.int32), r)
+            rows.option_ids = np.zeros_like(rows.ids)
+        runner.forward(rows.pad(pad_id, pad_to=-(-t // 8) * 8))

@@ -1,0 +1,61 @@
+"""Typed settings of the inference service; every flag is also an environment variable."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from laya_grpc import flags
+from laya_grpc.sources import parse_checkpoint_specs
+
+
+@dataclass
+class InferenceSettings:
+    checkpoints: dict = field(default_factory=dict)   # name -> source (dir or hub id[/subfolder][@rev])
+    address: str = "127.0.0.1:50052"
+    backend: str = "torch"
+    device: str = "auto"
+    dtype: str = "auto"
+    require_device: bool = False
+    max_loaded: int = 2
+    preload: list = field(default_factory=list)       # names warmed before SERVING (default: all, up to max_loaded)
+    max_batch_tokens: int = 16384
+    max_batch_rows: int = 256
+    max_wait_ms: float = 0.0
+    warmup: bool = True
+    heartbeat_s: float = 2.0
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "InferenceSettings":
+        return cls(checkpoints=parse_checkpoint_specs(a.checkpoint), address=a.listen, backend=a.backend,
+                   device=a.device, dtype=a.dtype, require_device=a.require_device, max_loaded=a.max_loaded,
+                   preload=list(a.preload or []), max_batch_tokens=a.max_batch_tokens,
+                   max_batch_rows=a.max_batch_rows, max_wait_ms=a.max_wait_ms, warmup=not a.no_warmup)
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared by `inference` and `serve`."""
+    flags.add(p, "--checkpoint", env="LAYA_CHECKPOINTS", append=True, metavar="NAME=SOURCE",
+              help="a checkpoint to serve: NAME=DIR (local upstream layout) or NAME=ORG/REPO[/SUBFOLDER][@REVISION] "
+                   "(Hugging Face hub, needs the 'hub' extra and a network). Default: upstream's english, "
+                   "multilingual and typed-decisions from convaiinnovations/laya")
+    flags.add(p, "--backend", env="LAYA_BACKEND", default="torch", choices=["torch", "mlx"],
+              help="torch (CUDA, MPS or CPU) or mlx (Apple Silicon GPU; CPU on Linux)")
+    flags.add(p, "--device", env="LAYA_DEVICE", default="auto",
+              help="auto picks CUDA, then MPS, then CPU; or cpu, cuda, cuda:N, mps (mlx: gpu or cpu)")
+    flags.add(p, "--dtype", env="LAYA_DTYPE", default="auto",
+              help="auto = float32 on CPU (exact to upstream), the checkpoint's 16-bit precision on GPUs "
+                   "(bfloat16 on CUDA with bf16 support, else float16); or float32, float16, bfloat16")
+    flags.add(p, "--require-device", env="LAYA_REQUIRE_DEVICE", action="store_true",
+              help="exit non-zero if the asked device is unavailable instead of falling back to CPU")
+    flags.add(p, "--max-loaded", env="LAYA_MAX_LOADED", default=2, type=int,
+              help="checkpoints kept resident at once; the least recently used is evicted beyond this")
+    flags.add(p, "--preload", env="LAYA_PRELOAD", append=True, metavar="NAME",
+              help="checkpoints to load and warm before reporting ready (default: all configured, up to --max-loaded)")
+    flags.add(p, "--max-batch-tokens", env="LAYA_MAX_BATCH_TOKENS", default=16384, type=int,
+              help="padded tokens per forward pass when requests are batched together")
+    flags.add(p, "--max-batch-rows", env="LAYA_MAX_BATCH_ROWS", default=256, type=int,
+              help="rows (state x question) per forward pass")
+    flags.add(p, "--max-wait-ms", env="LAYA_MAX_WAIT_MS", default=0.0, type=float,
+              help="extra time to wait for more requests before a forward; 0 = batch only what queued while busy")
+    flags.add(p, "--no-warmup", env="LAYA_NO_WARMUP", action="store_true",
+              help="skip warmup forwards (first requests will be slow); for debugging only")

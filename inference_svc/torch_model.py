@@ -1,0 +1,356 @@
+"""The Laya network (ModernBERT encoder + typed decision head) in plain torch.
+
+Built straight from a checkpoint's `model.safetensors` + `encoder/config.json` so the service
+needs neither `transformers` nor `laya`. The maths follow upstream laya 0.4.15 `DecisionModel`
+over transformers 5.24 `ModernBertModel` (sdpa) op for op, so CPU fp32 matches to float
+rounding (see tests/test_torch_model_parity.py). Laid out for speed: one fused Wqkv matmul,
+SDPA, one mask per layer type per batch, cached RoPE tables, no host syncs in `forward`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from laya_grpc.errors import CheckpointError
+from inference_svc.weights import load_weights
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+# ModernBertConfig.default_theta: used when a (transformers 4.x) config names no theta
+_DEFAULT_THETA = {FULL: 160000.0, SLIDING: 10000.0}
+_LEGACY_THETA_KEY = {FULL: "global_rope_theta", SLIDING: "local_rope_theta"}
+_CONFIG_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    """Everything about the network's shape that the two config files fix."""
+    vocab_size: int
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    layer_types: tuple[str, ...]
+    rope_theta: dict[str, float]
+    local_attention: int
+    norm_eps: float
+    head_layers: int
+    n_act: int
+    encoder_dtype: torch.dtype  # upstream honours encoder/config.json `dtype` (gotcha G2)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def sliding_window(self) -> int:
+        """ModernBertConfig.sliding_window: a token sees |i-j| <= local_attention // 2."""
+        return self.local_attention // 2
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(path, "file is missing") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(path, "cannot read JSON: %s" % e) from e
+    if not isinstance(data, dict):
+        raise CheckpointError(path, "expected a JSON object")
+    return data
+
+
+def read_spec(ckpt_dir: str) -> NetSpec:
+    """Parse rl_agent_config.json + encoder/config.json; refuse what this network cannot run."""
+    agent_path = os.path.join(ckpt_dir, "rl_agent_config.json")
+    enc_path = os.path.join(ckpt_dir, "encoder", "config.json")
+    cfg, enc = _read_json(agent_path), _read_json(enc_path)
+
+    def need(key: str) -> Any:
+        if key not in enc:
+            raise CheckpointError(enc_path, "missing key %r" % key)
+        return enc[key]
+
+    for key, supported in (("hidden_activation", "gelu"), ("attention_bias", False), ("mlp_bias", False),
+                           ("norm_bias", False)):
+        if enc.get(key, supported) != supported:
+            raise CheckpointError(enc_path, "%s=%r is not supported (only %r)" % (key, enc[key], supported))
+    layers = int(need("num_hidden_layers"))
+    layer_types = enc.get("layer_types")
+    if layer_types is None:  # transformers 4.x configs: the legacy every-n pattern
+        every = int(enc.get("global_attn_every_n_layers", 3))
+        layer_types = [SLIDING if i % every else FULL for i in range(layers)]
+    if len(layer_types) != layers or set(layer_types) - {FULL, SLIDING}:
+        raise CheckpointError(enc_path, "layer_types %r does not describe %d full/sliding layers"
+                              % (layer_types, layers))
+    rope = enc.get("rope_parameters") or {}
+    theta = {}
+    for kind in (FULL, SLIDING):
+        params = rope.get(kind) if isinstance(rope.get(kind), dict) else {}
+        if params.get("rope_type", "default") != "default":
+            raise CheckpointError(enc_path, "rope_type %r for %s is not supported"
+                                  % (params["rope_type"], kind))
+        theta[kind] = float(params.get("rope_theta", rope.get("rope_theta",
+                                       enc.get(_LEGACY_THETA_KEY[kind], _DEFAULT_THETA[kind]))))
+    hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+    if hidden % heads:
+        raise CheckpointError(enc_path, "hidden_size %d is not a multiple of num_attention_heads %d"
+                              % (hidden, heads))
+    dtype_name = enc.get("dtype", enc.get("torch_dtype")) or "float32"
+    if dtype_name not in _CONFIG_DTYPES:
+        raise CheckpointError(enc_path, "dtype %r is not supported" % dtype_name)
+    if "head_layers" not in cfg:
+        raise CheckpointError(agent_path, "missing key 'head_layers'")
+    return NetSpec(
+        vocab_size=int(need("vocab_size")), hidden=hidden, layers=layers, heads=heads,
+        intermediate=int(need("intermediate_size")), layer_types=tuple(layer_types), rope_theta=theta,
+        local_attention=int(enc.get("local_attention", 128)), norm_eps=float(enc.get("norm_eps", 1e-5)),
+        head_layers=int(cfg["head_layers"]), n_act=len(cfg.get("act_costs") or {}) + 1,
+        encoder_dtype=_CONFIG_DTYPES[dtype_name])
+
+
+# ----------------------------------------------------------------------------------- encoder
+
+class _Attn(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.Wqkv = nn.Linear(d, 3 * d, bias=False)
+        self.Wo = nn.Linear(d, d, bias=False)
+
+
+class _Mlp(nn.Module):
+    def __init__(self, d: int, inter: int):
+        super().__init__()
+        self.Wi = nn.Linear(d, 2 * inter, bias=False)
+        self.Wo = nn.Linear(inter, d, bias=False)
+
+
+class _EncoderLayer(nn.Module):
+    def __init__(self, spec: NetSpec, first: bool):
+        super().__init__()
+        d = spec.hidden
+        # layer 0 has no attn_norm (ModernBERT: the embedding norm already normalised its input)
+        self.attn_norm = None if first else nn.LayerNorm(d, eps=spec.norm_eps, bias=False)
+        self.attn = _Attn(d)
+        self.mlp_norm = nn.LayerNorm(d, eps=spec.norm_eps, bias=False)
+        self.mlp = _Mlp(d, spec.intermediate)
+
+
+class _Embeddings(nn.Module):
+    def __init__(self, spec: NetSpec):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden)
+        self.norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps, bias=False)
+
+
+class _Encoder(nn.Module):
+    def __init__(self, spec: NetSpec):
+        super().__init__()
+        self.embeddings = _Embeddings(spec)
+        self.layers = nn.ModuleList(_EncoderLayer(spec, i == 0) for i in range(spec.layers))
+        self.final_norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps, bias=False)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+# ------------------------------------------------------------------------------ decision head
+
+class _HeadAttn(nn.Module):
+    """Parameter layout of nn.MultiheadAttention (upstream `_DynamicMultiheadAttention`)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d, d))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * d))
+        self.out_proj = nn.Linear(d, d)
+
+
+class _HeadLayer(nn.Module):
+    """Pre-norm nn.TransformerEncoderLayer(d, max(1, d//64), 4d, ReLU) parameter layout."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.self_attn = _HeadAttn(d)
+        self.linear1 = nn.Linear(d, 4 * d)
+        self.linear2 = nn.Linear(4 * d, d)
+        self.norm1 = nn.LayerNorm(d)
+        self.norm2 = nn.LayerNorm(d)
+
+
+class _Head(nn.Module):
+    def __init__(self, d: int, n: int):
+        super().__init__()
+        self.layers = nn.ModuleList(_HeadLayer(d) for _ in range(n))
+
+
+# ------------------------------------------------------------------------------------ model
+
+class LayaTorch(nn.Module):
+    """DecisionModel.forward without transformers: (option logits [B,K] fp32, act logits [B,n_act] fp32)."""
+
+    def __init__(self, spec: NetSpec):
+        super().__init__()
+        self.spec = spec
+        d = spec.hidden
+        self.encoder = _Encoder(spec)
+        self.head = _Head(d, spec.head_layers) if spec.head_layers > 0 else None
+        self.head_heads = max(1, d // 64)
+        self.type_emb = nn.Embedding(3, d)
+        self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        self.act_head = nn.Sequential(nn.Linear(d + 4, 256), nn.GELU(), nn.Linear(256, spec.n_act))
+        # unused by the maths; present in every upstream checkpoint (strict load, gotcha G5)
+        self.register_buffer("temperature", torch.ones(3))
+        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # -- loading -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Any, device: str | torch.device = "cpu",
+                        dtype: torch.dtype | None = None) -> "LayaTorch":
+        """Build from a checkpoint directory (or an object with a `.path` to one).
+
+        `dtype=None` reproduces upstream's CPU load: encoder in the dtype its config declares
+        (float32 unless `encoder/config.json` says otherwise), head and scorers in float32.
+        An explicit dtype puts every parameter in it (the accelerator policy, devices.py).
+        """
+        ckpt_dir = os.fspath(getattr(ckpt, "path", ckpt))
+        spec = read_spec(ckpt_dir)
+        with torch.device("meta"):
+            model = cls(spec)
+        enc_dtype = spec.encoder_dtype if dtype is None else dtype
+        rest_dtype = torch.float32 if dtype is None else dtype
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        dtypes = {k: enc_dtype if k.startswith("encoder.") else rest_dtype for k in expected}
+        dtypes["temperature"] = torch.float32
+        tensors = load_weights(os.path.join(ckpt_dir, "model.safetensors"), expected, dtypes, device)
+        model.load_state_dict(tensors, strict=True, assign=True)
+        return model.eval().requires_grad_(False)
+
+    # -- masks and rotary tables -------------------------------------------------------------
+
+    def _rope(self, theta: float, length: int, device: torch.device, dtype: torch.dtype):
+        """cos/sin [length, head_dim] for positions 0..length-1, exactly as ModernBERT computes them."""
+        key = (theta, length, device, dtype)
+        hit = self._rope_cache.get(key)
+        if hit is None:
+            dim = self.spec.head_dim
+            inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(
+                device=device, dtype=torch.float) / dim))
+            freqs = torch.arange(length, device=device).float()[:, None] * inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            hit = (emb.cos().to(dtype), emb.sin().to(dtype))
+            if len(self._rope_cache) > 64:  # lengths vary per batch; keep the table bounded
+                self._rope_cache.clear()
+            self._rope_cache[key] = hit
+        return hit
+
+    def _masks(self, attention_mask, position_ids, option_ids, length: int):
+        """Boolean SDPA masks (True = may attend), one per layer type, built once per batch."""
+        keys = attention_mask.bool()[:, None, None, :]                     # [B,1,1,L]
+        w = self.spec.sliding_window
+        if option_ids is None:
+            idx = torch.arange(length, device=attention_mask.device)
+            near = (idx[:, None] - idx[None, :]).abs() <= w                # [L,L]
+            return {FULL: keys, SLIDING: keys & near}
+        # laya.common.parallel_option_masks: no attention between two different options; the
+        # window is measured in position ids, because options share positions.
+        opt_q, opt_k = option_ids[:, :, None], option_ids[:, None, :]
+        other = (opt_q > 0) & (opt_k > 0) & (opt_q != opt_k)
+        full = keys & ~other[:, None]
+        near = (position_ids[:, :, None] - position_ids[:, None, :]).abs() <= w
+        return {FULL: full, SLIDING: full & near[:, None]}
+
+    # -- forward -----------------------------------------------------------------------------
+
+    def encode(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
+        """ModernBertModel(...).last_hidden_state."""
+        spec, enc = self.spec, self.encoder
+        B, L = input_ids.shape
+        dtype = enc.embeddings.tok_embeddings.weight.dtype
+        x = enc.embeddings.norm(enc.embeddings.tok_embeddings(input_ids))
+        masks = self._masks(attention_mask, position_ids, option_ids, L)
+        rope = {}
+        for kind in set(spec.layer_types):
+            if position_ids is None:
+                cos, sin = self._rope(spec.rope_theta[kind], L, x.device, dtype)
+                rope[kind] = (cos[None, None], sin[None, None])                 # [1,1,L,hd]
+            else:
+                # parallel layout: options share positions, so every id is < L (no host sync)
+                cos, sin = self._rope(spec.rope_theta[kind], L, x.device, dtype)
+                rope[kind] = (cos[position_ids][:, None], sin[position_ids][:, None])  # [B,1,L,hd]
+        H, hd = spec.heads, spec.head_dim
+        scale = hd ** -0.5
+        for layer, kind in zip(enc.layers, spec.layer_types):
+            y = x if layer.attn_norm is None else layer.attn_norm(x)
+            q, k, v = layer.attn.Wqkv(y).view(B, L, 3, H, hd).transpose(1, 3).unbind(dim=2)  # [B,H,L,hd]
+            cos, sin = rope[kind]
+            # transformers applies RoPE in fp32 and casts back (apply_rotary_pos_emb)
+            qf, kf = q.float(), k.float()
+            q = (qf * cos + _rotate_half(qf) * sin).to(dtype)
+            k = (kf * cos + _rotate_half(kf) * sin).to(dtype)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[kind], scale=scale)
+            x = x + layer.attn.Wo(a.transpose(1, 2).reshape(B, L, -1))
+            u, g = layer.mlp.Wi(layer.mlp_norm(x)).chunk(2, dim=-1)
+            x = x + layer.mlp.Wo(F.gelu(u) * g)
+        return enc.final_norm(x)
+
+    def _head_layer(self, layer: _HeadLayer, h: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """One pre-norm nn.TransformerEncoderLayer step, on the kernel upstream's call reaches.
+
+        Upstream runs `layer(h, src_key_padding_mask=pad)` under no_grad; torch then takes its fused
+        `_transformer_encoder_layer_fwd` fast path whenever the head count is even and autocast is
+        off, else `_DynamicMultiheadAttention` (SDPA). Same maths, different rounding (3e-4 on
+        logits of magnitude 100), so we take the same branch for bit-equal fp32 results.
+        """
+        B, L, d = h.shape
+        nh = self.head_heads
+        sa = layer.self_attn
+        if nh % 2 == 0 and not torch.is_autocast_enabled(h.device.type) and h.dtype == torch.float32:
+            return torch._transformer_encoder_layer_fwd(
+                h, d, nh, sa.in_proj_weight, sa.in_proj_bias, sa.out_proj.weight, sa.out_proj.bias,
+                False, True, layer.norm1.eps, layer.norm1.weight, layer.norm1.bias,
+                layer.norm2.weight, layer.norm2.bias, layer.linear1.weight, layer.linear1.bias,
+                layer.linear2.weight, layer.linear2.bias, pad, 1)
+        y = layer.norm1(h)
+        q, k, v = (t.view(B, L, nh, d // nh).transpose(1, 2)
+                   for t in F.linear(y, sa.in_proj_weight, sa.in_proj_bias).chunk(3, dim=-1))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :])
+        h = h + sa.out_proj(a.transpose(1, 2).reshape(B, L, d))
+        return h + layer.linear2(F.relu(layer.linear1(layer.norm2(h))))
+
+    def forward(self, input_ids, attention_mask, marker_pos, marker_mask, qtype,
+                position_ids=None, option_ids=None):
+        if (position_ids is None) != (option_ids is None):
+            raise ValueError("position_ids and option_ids come together (parallel option layout)")
+        h = self.encode(input_ids, attention_mask, position_ids, option_ids)
+        head_dtype = self.type_emb.weight.dtype
+        h = h.to(head_dtype) + self.type_emb(qtype)[:, None, :]
+        if self.head is not None:
+            pad = ~attention_mask.bool()
+            for layer in self.head.layers:
+                h = self._head_layer(layer, h, pad)
+        idx = marker_pos.clamp(min=0)[:, :, None].expand(-1, -1, h.size(-1))
+        logits = self.scorer(torch.gather(h, 1, idx)).squeeze(-1).float()
+        logits = logits.masked_fill(~marker_mask.bool(), -1e4)
+
+        p = torch.softmax(logits, -1)
+        k = marker_mask.sum(-1).clamp(min=2).float()
+        ent = -(p * torch.log(p.clamp_min(1e-9))).sum(-1) / torch.log(k)
+        if p.size(-1) >= 2:
+            top = p.topk(2, -1).values
+            top1, top2 = top[:, 0], top[:, 1]
+        else:  # one option: upstream pads the missing second probability with 0
+            top1, top2 = p[:, 0], torch.zeros_like(p[:, 0])
+        feats = torch.stack([top1, top1 - top2, ent, k / 255.0], -1)
+        act_in = torch.cat([h[:, 0].float(), feats], -1).to(self.act_head[0].weight.dtype)
+        return logits, self.act_head(act_in).float()

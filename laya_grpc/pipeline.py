@@ -1,0 +1,105 @@
+"""The whole decision path in one process: questions -> tokens -> network -> answers.
+
+`Predictor.predict` returns exactly what upstream laya 0.4.15's `Agent.predict` returns
+(`{"model", "answers", "usage"}`), built from the same parts the services use (questions.py,
+tokenizer_svc.encoding, inference_svc's network, decode.py), so offline runs and tests exercise
+the served code. The network backend is imported only when a Predictor is built, keeping this
+module (and decode) free of torch at import time.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional, Sequence
+
+from .confidence_gate import apply_gate, check_min_confidence
+from .decode import decode_answer
+from .errors import CheckpointError, Kind, LayaError
+from .packed_rows import PackedRows
+from .questions import Question, parse_questions
+from .temperatures import Temperatures
+
+MODEL_TAG = "laya-rl-agent"   # upstream's constant family tag, not the checkpoint name
+BACKENDS = ("torch", "mlx")
+
+
+def read_config(checkpoint_dir: str) -> dict:
+    path = os.path.join(checkpoint_dir, "rl_agent_config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(path, "file is missing") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(path, "cannot read JSON: %s" % e) from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(path, "must hold a JSON object")
+    return cfg
+
+
+class Predictor:
+    """One checkpoint, loaded once, answering `Agent.predict`-shaped calls."""
+
+    def __init__(self, checkpoint_dir: str, device: str = "cpu", backend: str = "torch",
+                 dtype: Optional[str] = None):
+        from inference_svc.runners import load_runner, pick_device
+        from tokenizer_svc.encoding import TextEncoder
+        if backend not in BACKENDS:
+            raise LayaError(Kind.INVALID, "backend must be one of %s, got %r" % (list(BACKENDS), backend))
+        self.checkpoint_dir = checkpoint_dir
+        self.config = read_config(checkpoint_dir)
+        self.temperatures = Temperatures.from_config(self.config)
+        self.encoder = TextEncoder(os.path.join(checkpoint_dir, "tokenizer"),
+                                   max_len=self.config.get("max_len", 512),
+                                   head_max_len=self.config.get("head_max_len", 192),
+                                   parallel_layout=self.config.get("option_layout", "sequential") == "parallel")
+        # Offline there is no operator to notice a quiet CPU fallback: an absent device is an error.
+        self.runner = load_runner(checkpoint_dir, backend, pick_device(device, backend, require=True).device,
+                                  dtype)
+        self.device = self.runner.device()
+
+    def predict(self, state: Any, questions: dict, max_len: Optional[int] = None,
+                head_max_len: Optional[int] = None, min_confidence: Any = None) -> dict[str, Any]:
+        """One state: `Agent.predict(state, questions, ...)`."""
+        return self.predict_batch([state], questions, max_len=max_len, head_max_len=head_max_len,
+                                  min_confidence=min_confidence)[0]
+
+    def predict_batch(self, states: Sequence[Any], questions: dict, max_len: Optional[int] = None,
+                      head_max_len: Optional[int] = None, min_confidence: Any = None,
+                      batch_size: Optional[int] = None) -> list[dict[str, Any]]:
+        """Many states, one question set: `Agent.predict_batch`; all rows of up to `batch_size`
+        states (default: all) share one forward pass, results in input order."""
+        threshold = check_min_confidence(min_confidence)
+        if isinstance(states, (str, bytes, dict)):
+            raise LayaError(Kind.BAD_REQUEST, "predict_batch expects a list of states; pass a single "
+                                              "state to predict()")
+        if not isinstance(questions, dict):
+            raise LayaError(Kind.BAD_REQUEST, "'questions' must be an object")
+        states = list(states)
+        if any(state is None for state in states):
+            raise LayaError(Kind.BAD_REQUEST, "'state' is required")
+        if not questions:
+            return [{"model": MODEL_TAG, "answers": {}, "usage": {"input_tokens": 0, "output_tokens": 0}}
+                    for _ in states]
+        parsed = parse_questions(questions)
+        chunk = batch_size if batch_size and batch_size > 0 else max(1, len(states))
+        results: list[dict[str, Any]] = []
+        for start in range(0, len(states), chunk):
+            results.extend(self._run(states[start:start + chunk], parsed, max_len, head_max_len))
+        for result in results:
+            apply_gate(result["answers"], threshold)
+        return results
+
+    def _run(self, states: list, parsed: list[Question], max_len: Optional[int],
+             head_max_len: Optional[int]) -> list[dict[str, Any]]:
+        encoded = self.encoder.encode_many(states, parsed, max_len=max_len, head_max_len=head_max_len)
+        rows = [row for enc in encoded for row in enc.rows]
+        logits, act = self.runner.forward(PackedRows.from_rows(rows).pad(self.encoder.pad_id))
+        results, r = [], 0
+        for enc in encoded:
+            answers = {}
+            for q, row in zip(parsed, enc.rows):
+                answers[q.qid] = decode_answer(q, logits[r, :len(row.markers)], act[r], self.temperatures)
+                r += 1
+            results.append({"model": MODEL_TAG, "answers": answers, "usage": enc.usage})
+        return results

@@ -1,0 +1,113 @@
+"""`laya-grpc serve`: tokenizer, inference and gateway on this machine, over unix sockets.
+
+The embedded default deployment. Each service runs in its own process (text work never
+competes with the device thread for the GIL); the supervisor restarts a child that dies, and
+the gateway's status stream reports it going down and coming back.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from laya_grpc import flags
+from laya_grpc.errors import LayaError
+from laya_grpc.lifecycle import install_stop_signals, setup_logging
+from laya_grpc.sources import parse_checkpoint_specs
+from laya_grpc.supervisor import Child, FatalChildExit, Supervisor
+
+log = logging.getLogger("laya_grpc.serve")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gateway.server import add_gateway_flags
+    from inference_svc.settings import add_model_flags
+    add_model_flags(p)
+    add_gateway_flags(p)
+    flags.add(p, "--tokenizer-workers", env="LAYA_TOKENIZER_WORKERS", default=1, type=int,
+              help="tokenizer processes; the gateway spreads requests over them")
+    flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
+              help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
+
+
+def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
+    me = [sys.executable, "-m", "laya_grpc.cli"]
+    ck = []
+    for name, source in parse_checkpoint_specs(args.checkpoint).items():
+        ck += ["--checkpoint", "%s=%s" % (name, source)]
+    toks = ["unix:" + os.path.join(run_dir, "tokenizer-%d.sock" % i) for i in range(max(1, args.tokenizer_workers))]
+    inf = "unix:" + os.path.join(run_dir, "inference.sock")
+    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck) for i, t in enumerate(toks)]
+    inference = me + ["inference", "--listen", inf, "--backend", args.backend, "--device", args.device,
+                      "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
+                      "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
+                      "--max-wait-ms", str(args.max_wait_ms)] + ck
+    for name in args.preload or []:
+        inference += ["--preload", name]
+    if args.require_device:
+        inference.append("--require-device")
+    if args.no_warmup:
+        inference.append("--no-warmup")
+    children.append(Child("inference", inference))
+    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc, "--inference", inf] + ck
+    for t in toks:
+        gw += ["--tokenizer", t]
+    children.append(Child("gateway", gw))
+    return children
+
+
+async def announce_ready(grpc_address: str, http: str, started: float) -> None:
+    """Print one line when the gateway reports SERVING (every service up, every checkpoint warm)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from laya_grpc import rpc
+    import grpc
+    while True:
+        try:
+            async with rpc.channel(grpc_address) as ch:
+                async for r in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service="")):
+                    if r.status == health_pb2.HealthCheckResponse.SERVING:
+                        print("laya-grpc: ready in %.1f s: http://%s/v1/systemone, grpc %s"
+                              % (time.monotonic() - started, http, grpc_address), file=sys.stderr, flush=True)
+                        return
+        except grpc.aio.AioRpcError:
+            await asyncio.sleep(0.3)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    own_dir = args.run_dir is None
+    run_dir = tempfile.mkdtemp(prefix="laya-grpc-") if own_dir else args.run_dir
+    os.makedirs(run_dir, exist_ok=True)
+    try:
+        children = child_argvs(args, run_dir)
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        async with Supervisor(children) as sup:
+            ready = asyncio.ensure_future(announce_ready(args.grpc, args.http, started))
+            stopper = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait([stopper, sup.fatal], return_when=asyncio.FIRST_COMPLETED)
+            ready.cancel()
+            stopper.cancel()
+            if sup.fatal in done:
+                err = sup.fatal.exception()
+                print("laya-grpc serve: %s; stopping (see the message above)" % err, file=sys.stderr)
+                return err.code if isinstance(err, FatalChildExit) else 1
+        return 0
+    finally:
+        if own_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging("serve")
+    try:
+        parse_checkpoint_specs(args.checkpoint)
+    except LayaError as e:
+        print("laya-grpc serve: %s" % e.detail, file=sys.stderr)
+        return 2
+    return asyncio.run(serve(args))

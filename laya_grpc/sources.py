@@ -1,0 +1,27 @@
+"""Which checkpoints a deployment serves: `NAME=SOURCE` specs and upstream's defaults."""
+from __future__ import annotations
+
+from laya_grpc.errors import Kind, LayaError
+
+# upstream laya 0.4.15's published checkpoints (the bundle repo holds english at its root)
+HUB_DEFAULTS = {
+    "english": "convaiinnovations/laya",
+    "multilingual": "convaiinnovations/laya/multilingual",
+    "typed-decisions": "convaiinnovations/laya/typed-decisions",
+}
+
+
+def parse_checkpoint_specs(specs) -> dict:
+    """['english=/ckpt/en', 'ml=org/repo/sub@rev'] -> {'english': '/ckpt/en', ...}; none -> hub defaults."""
+    if not specs:
+        return dict(HUB_DEFAULTS)
+    out = {}
+    for spec in specs:
+        name, sep, source = str(spec).partition("=")
+        name, source = name.strip(), source.strip()
+        if not sep or not name or not source:
+            raise LayaError(Kind.INVALID, "--checkpoint expects NAME=SOURCE (e.g. english=/path/to/ckpt), got %r" % spec)
+        if name in out:
+            raise LayaError(Kind.INVALID, "checkpoint name %r given twice" % name)
+        out[name] = source
+    return out

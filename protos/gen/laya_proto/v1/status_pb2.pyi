@@ -1,0 +1,107 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STATE_UNSPECIFIED: _ClassVar[State]
+    STARTING: _ClassVar[State]
+    LOADING: _ClassVar[State]
+    WARMING: _ClassVar[State]
+    READY: _ClassVar[State]
+    PREPARING: _ClassVar[State]
+    FAILED: _ClassVar[State]
+    DRAINING: _ClassVar[State]
+    DOWN: _ClassVar[State]
+    CONFIGURED: _ClassVar[State]
+STATE_UNSPECIFIED: State
+STARTING: State
+LOADING: State
+WARMING: State
+READY: State
+PREPARING: State
+FAILED: State
+DRAINING: State
+DOWN: State
+CONFIGURED: State
+
+class CheckpointStatus(_message.Message):
+    __slots__ = ("name", "state", "detail", "source", "revision", "sha256", "backend", "device", "dtype", "load_ms", "warmup_ms", "config_json", "max_len", "head_max_len", "tokenizer_fingerprint", "device_fallback", "device_requested", "last_used_unix")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_MS_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_MS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    HEAD_MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: State
+    detail: str
+    source: str
+    revision: str
+    sha256: str
+    backend: str
+    device: str
+    dtype: str
+    load_ms: float
+    warmup_ms: float
+    config_json: str
+    max_len: int
+    head_max_len: int
+    tokenizer_fingerprint: str
+    device_fallback: bool
+    device_requested: str
+    last_used_unix: float
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[State, str]] = ..., detail: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., sha256: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., load_ms: _Optional[float] = ..., warmup_ms: _Optional[float] = ..., config_json: _Optional[str] = ..., max_len: _Optional[int] = ..., head_max_len: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., device_fallback: _Optional[bool] = ..., device_requested: _Optional[str] = ..., last_used_unix: _Optional[float] = ...) -> None: ...
+
+class ServiceStatus(_message.Message):
+    __slots__ = ("service", "state", "detail", "instance_id", "sequence", "time_unix", "started_unix", "queue_depth", "inflight", "checkpoints", "address", "restarts", "version")
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIX_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    service: str
+    state: State
+    detail: str
+    instance_id: str
+    sequence: int
+    time_unix: float
+    started_unix: float
+    queue_depth: int
+    inflight: int
+    checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointStatus]
+    address: str
+    restarts: int
+    version: str
+    def __init__(self, service: _Optional[str] = ..., state: _Optional[_Union[State, str]] = ..., detail: _Optional[str] = ..., instance_id: _Optional[str] = ..., sequence: _Optional[int] = ..., time_unix: _Optional[float] = ..., started_unix: _Optional[float] = ..., queue_depth: _Optional[int] = ..., inflight: _Optional[int] = ..., checkpoints: _Optional[_Iterable[_Union[CheckpointStatus, _Mapping]]] = ..., address: _Optional[str] = ..., restarts: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("heartbeat_s",)
+    HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_s: float
+    def __init__(self, heartbeat_s: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,77 @@
+from laya_proto.v1 import tokens_pb2 as _tokens_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class QuestionText(_message.Message):
+    __slots__ = ("id", "type", "instructions", "options", "option_order")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    OPTION_ORDER_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    type: str
+    instructions: str
+    options: _containers.RepeatedScalarFieldContainer[str]
+    option_order: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[str] = ..., type: _Optional[str] = ..., instructions: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ..., option_order: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("checkpoint", "states_json", "questions_json", "questions", "max_len", "head_max_len")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    STATES_JSON_FIELD_NUMBER: _ClassVar[int]
+    QUESTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    QUESTIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    HEAD_MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: str
+    states_json: _containers.RepeatedScalarFieldContainer[str]
+    questions_json: str
+    questions: _containers.RepeatedCompositeFieldContainer[QuestionText]
+    max_len: int
+    head_max_len: int
+    def __init__(self, checkpoint: _Optional[str] = ..., states_json: _Optional[_Iterable[str]] = ..., questions_json: _Optional[str] = ..., questions: _Optional[_Iterable[_Union[QuestionText, _Mapping]]] = ..., max_len: _Optional[int] = ..., head_max_len: _Optional[int] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("rows", "rows_per_state", "usage_json", "tokenize_ms")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_STATE_FIELD_NUMBER: _ClassVar[int]
+    USAGE_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZE_MS_FIELD_NUMBER: _ClassVar[int]
+    rows: _tokens_pb2.TokenRows
+    rows_per_state: int
+    usage_json: _containers.RepeatedScalarFieldContainer[str]
+    tokenize_ms: float
+    def __init__(self, rows: _Optional[_Union[_tokens_pb2.TokenRows, _Mapping]] = ..., rows_per_state: _Optional[int] = ..., usage_json: _Optional[_Iterable[str]] = ..., tokenize_ms: _Optional[float] = ...) -> None: ...
+
+class TokenizerInfoRequest(_message.Message):
+    __slots__ = ("checkpoint",)
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: str
+    def __init__(self, checkpoint: _Optional[str] = ...) -> None: ...
+
+class TokenizerInfo(_message.Message):
+    __slots__ = ("entries",)
+    class Entry(_message.Message):
+        __slots__ = ("checkpoint", "fingerprint", "max_len", "head_max_len", "parallel_layout", "pad_id")
+        CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+        FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+        MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+        HEAD_MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+        PARALLEL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+        PAD_ID_FIELD_NUMBER: _ClassVar[int]
+        checkpoint: str
+        fingerprint: str
+        max_len: int
+        head_max_len: int
+        parallel_layout: bool
+        pad_id: int
+        def __init__(self, checkpoint: _Optional[str] = ..., fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., head_max_len: _Optional[int] = ..., parallel_layout: _Optional[bool] = ..., pad_id: _Optional[int] = ...) -> None: ...
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[TokenizerInfo.Entry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[TokenizerInfo.Entry, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,55 @@
+"""Shared fixtures: synthetic checkpoints (made once per session) and a cached upstream loader.
+
+The checkpoints come from our own `make_checkpoint` (milliseconds each), never from the Hub;
+`upstream_agent(path)` is the test-time reference, laya 0.4.15 loaded on CPU.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from laya_grpc.make_checkpoint import make_checkpoint
+
+
+@pytest.fixture(scope="session")
+def ckpt_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpt")
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(ckpt_root) -> str:
+    """English-style (ModernBERT-like) tiny checkpoint."""
+    return make_checkpoint(str(ckpt_root / "tiny"), "tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_ml_ckpt(ckpt_root) -> str:
+    """Multilingual-style (mmBERT/Gemma-like) tiny checkpoint."""
+    return make_checkpoint(str(ckpt_root / "tiny-ml"), "tiny-ml")
+
+
+@pytest.fixture(scope="session")
+def tiny_par_ckpt(ckpt_root) -> str:
+    """`tiny` with `"option_layout": "parallel"`."""
+    return make_checkpoint(str(ckpt_root / "tiny-par"), "tiny-par")
+
+
+@pytest.fixture(scope="session")
+def upstream_agent():
+    """`load(path) -> laya.Agent` on CPU, one Agent per path for the session.
+
+    The path must contain a "/" (laya.load resolves bare words as aliases, gotcha G7); the
+    fixture checkpoints above are absolute paths.
+    """
+    agents = {}
+
+    def load(path: str):
+        if path not in agents:
+            import laya
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                agents[path] = laya.load(path, device="cpu")
+        return agents[path]
+
+    return load

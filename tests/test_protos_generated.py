@@ -1,0 +1,18 @@
+"""The committed generated code is exactly what grpcio-tools makes from the .proto sources."""
+import filecmp
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_generated_code_is_current(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable)
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "gen_protos.sh"), str(tmp_path)], check=True, env=env, cwd=ROOT)
+    committed = os.path.join(ROOT, "protos", "gen", "laya_proto", "v1")
+    fresh = tmp_path / "laya_proto" / "v1"
+    names = sorted(n for n in os.listdir(fresh) if n.endswith((".py", ".pyi")))
+    assert names == sorted(n for n in os.listdir(committed) if n.endswith((".py", ".pyi")))
+    _, mismatch, errors = filecmp.cmpfiles(committed, fresh, names, shallow=False)
+    assert not mismatch and not errors, "regenerate with scripts/gen_protos.sh: %s differ" % (mismatch + errors)
