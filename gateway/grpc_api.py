@@ -97,6 +97,9 @@ def batch_body(req: decision_pb2.DecideBatchRequest) -> bytes:
 
 
 def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> None:
+    """Typed fields from the JSON form (label keys become strings exactly as HTTP shows them)."""
+    body = render_json(result).decode("utf-8")
+    result = json.loads(body)
     for qid, a in result.get("answers", {}).items():
         m = msg.answers.add(id=qid, type=a["type"])
         if "choice" in a:
@@ -128,7 +131,7 @@ def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> None:
         msg.routing.model, msg.routing.repo, msg.routing.reason = r["model"], str(r["repo"]), r["reason"]
         msg.routing.detection_json = json.dumps(r.get("detection"), ensure_ascii=False)
         msg.routing.workflow = r.get("workflow") or ""
-    msg.json = render_json(result).decode("utf-8")
+    msg.json = body
 
 
 class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):

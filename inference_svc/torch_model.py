@@ -9,7 +9,6 @@ SDPA, one mask per layer type per batch, cached RoPE tables, no host syncs in `f
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from laya_grpc.errors import CheckpointError
+from laya_grpc.errors import CheckpointError, Kind, LayaError
 from inference_svc.weights import load_weights
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -331,7 +330,7 @@ class LayaTorch(nn.Module):
     def forward(self, input_ids, attention_mask, marker_pos, marker_mask, qtype,
                 position_ids=None, option_ids=None):
         if (position_ids is None) != (option_ids is None):
-            raise ValueError("position_ids and option_ids come together (parallel option layout)")
+            raise LayaError(Kind.INTERNAL, "position_ids and option_ids come together (parallel option layout)")
         h = self.encode(input_ids, attention_mask, position_ids, option_ids)
         head_dtype = self.type_emb.weight.dtype
         h = h.to(head_dtype) + self.type_emb(qtype)[:, None, :]

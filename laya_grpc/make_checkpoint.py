@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import synth_tokenizer
+from . import flags, synth_tokenizer
 from .checkpoint_shapes import Dims, tensor_shapes
 
 
@@ -65,14 +65,22 @@ TEMPERATURE_BY_OPTIONS = {"choice:2": 1.2, "choice:3-5": 0.8, "choice:6-10": 1.5
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", help="directory to write (created; must not exist unless --force)")
-    parser.add_argument("--preset", required=True, choices=sorted(PRESETS), help="shapes and tokenizer")
-    parser.add_argument("--seed", type=int, default=0, help="weights seed (same seed, same bytes)")
-    parser.add_argument("--option-layout", choices=("sequential", "parallel"), default=None,
-                        help="write this option_layout into rl_agent_config.json (default: the preset's)")
-    parser.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    flags.add(parser, "--preset", env="LAYA_MAKE_CHECKPOINT_PRESET", choices=sorted(PRESETS),
+              help="shapes and tokenizer (required)")
+    flags.add(parser, "--seed", env="LAYA_MAKE_CHECKPOINT_SEED", type=int, default=0,
+              help="weights seed (same seed, same bytes)")
+    flags.add(parser, "--option-layout", env="LAYA_MAKE_CHECKPOINT_OPTION_LAYOUT",
+              choices=("sequential", "parallel"),
+              help="write this option_layout into rl_agent_config.json (default: the preset's)")
+    flags.add(parser, "--force", env="LAYA_MAKE_CHECKPOINT_FORCE", action="store_true",
+              help="replace DIR if it exists")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.preset is None:
+        print("laya-grpc make-checkpoint: --preset is required (one of %s)" % ", ".join(sorted(PRESETS)),
+              file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     big = args.preset in ("large", "ml-base")
     try:

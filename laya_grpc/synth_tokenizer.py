@@ -11,7 +11,6 @@ Only the HF `tokenizers` library is used: no transformers.
 from __future__ import annotations
 
 import heapq
-import json
 from collections import Counter
 from dataclasses import dataclass
 
@@ -204,7 +203,3 @@ def _gpt2_bytes_to_unicode() -> dict[str, int]:
 
 _BYTE_OF = _gpt2_bytes_to_unicode()
 
-
-def dumps(obj: dict) -> str:
-    """JSON text as transformers' save_pretrained writes its small files."""
-    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"

@@ -8,7 +8,6 @@ checkpoint. Nothing is loaded; routing never needs a checkpoint.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import random
 import unicodedata
@@ -112,6 +111,8 @@ HAND_WRITTEN = [
     "Order ABC-123 注文",
     "My order 订单号 12345 has not arrived yet, please check the 物流 status",
     "abc ١٢٣ def",
+    "\U0001E4D0\U0001E4D1\U0001E4D2\U0001E4D3",          # Nag Mundari: Unicode 15 letters
+    "ok \U00011F04\U00011F05\U00011F06 \U0002EBF0\U0002EBF1",   # Kawi, CJK extension I
     # No letters
     "",
     " ",
@@ -346,6 +347,10 @@ ROUTE_STATES = [
     "Hi team,\nEl cliente dice que no puede entrar a su cuenta desde ayer\nThanks",
     {"subject": "Refund", "body": "Fui cobrado duas vezes, por favor me ajudem"},
     ["Hello there, how are you doing today?", "Мой заказ ещё не пришёл"],
+    ("I was charged twice for my order and I need the refund today, please. This is the second "
+     "time this has happened to me this month and it is not ok with me at all.\n"
+     "El cliente dice que no puede entrar a su cuenta desde ayer"),
+    {"notes": _ENGLISH_NOTE * 60, "message": "Mein Konto wurde zweimal belastet und ich bin sauer"},
     "Hi team,\n" + "El cliente dice que no puede entrar a su cuenta desde ayer y está muy molesto " * 2,
 ]
 MODELS = [None, "", 0, False, "english", " EN ", "Laya", "ML", "typed", "papers", "PAPERS", "legal.v2",

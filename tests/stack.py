@@ -1,0 +1,106 @@
+"""Start the real `laya-grpc serve` (three processes) on free ports for integration tests."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stack:
+    """`with Stack({"english": dir, ...}) as s:` -> s.http (base URL), s.grpc (address)."""
+
+    def __init__(self, checkpoints: dict, env: dict | None = None, extra_args: list | None = None,
+                 ready_timeout: float = 180.0, wait: bool = True):
+        self.checkpoints, self.env, self.extra_args = checkpoints, env or {}, extra_args or []
+        self.ready_timeout, self.wait = ready_timeout, wait
+        self.http_port, self.grpc_port = free_port(), free_port()
+        self.http = "http://127.0.0.1:%d" % self.http_port
+        self.grpc = "127.0.0.1:%d" % self.grpc_port
+        self.run_dir = tempfile.mkdtemp(prefix="laya-test-")
+        self.log_path = os.path.join(self.run_dir, "serve.log")
+        self.proc = None
+
+    def __enter__(self) -> "Stack":
+        argv = [sys.executable, "-m", "laya_grpc.cli", "serve", "--http", "127.0.0.1:%d" % self.http_port,
+                "--grpc", self.grpc, "--run-dir", self.run_dir] + self.extra_args
+        for name, path in self.checkpoints.items():
+            argv += ["--checkpoint", "%s=%s" % (name, path)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LAYA_")}
+        env.update(self.env)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        try:
+            if self.wait:
+                self.wait_ready(self.ready_timeout)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def health(self, key: str | None = None) -> dict:
+        req = urllib.request.Request(self.http + "/health")
+        if key:
+            req.add_header("Authorization", "Bearer " + key)
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return json.loads(r.read())
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        key = self.env.get("LAYA_API_KEY")
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("laya-grpc serve exited with %s:\n%s" % (self.proc.returncode, self.log()))
+            try:
+                if self.health(key).get("ready") is True:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("not ready after %.0f s:\n%s" % (timeout, self.log()))
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")[-6000:]
+
+    def child_pid(self, name: str) -> int:
+        """pid of a child process (tokenizer / inference / gateway) from the process table."""
+        out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+        for line in out.splitlines()[1:]:
+            pid, ppid, args = line.strip().split(None, 2)
+            if int(ppid) == self.proc.pid and (" %s " % name) in args + " ":
+                return int(pid)
+        raise LookupError("no %s child of %d" % (name, self.proc.pid))
+
+    def post(self, path: str, body, headers: dict | None = None, raw: bytes | None = None):
+        data = raw if raw is not None else json.dumps(body).encode()
+        req = urllib.request.Request(self.http + path, data=data, method="POST", headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read()), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null"), dict(e.headers)
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "_log", None):
+            self._log.close()

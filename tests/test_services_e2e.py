@@ -1,0 +1,220 @@
+"""The three real processes (`laya-grpc serve` on tiny CPU checkpoints) over real sockets:
+readiness, HTTP and gRPC answers equal to upstream's Router, the status stream, restarts."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import grpc
+import pytest
+
+from clients import AsyncLayaClient, LayaClient
+from laya_grpc.errors import Kind, LayaError
+from laya_proto.v1 import status_pb2
+from stack import ROOT, Stack
+
+S = status_pb2
+
+QUESTIONS = {
+    "intent": {"type": "choice", "instructions": "What does the customer want?",
+               "criteria": {"refund": "money back", "exchange": "", "info": None}},
+    "severity": {"type": "score", "instructions": "How severe?", "criteria": ["none", "minor", "major", {"d": "x"}]},
+    "urgent": {"type": "noul", "instructions": "Is it urgent?", "labels": {"false": "calm", "true": "urgent"}},
+    "n": {"type": "choice", "instructions": "pick", "criteria": [1, 2.5, False, "x"], "option_order": [3, 1, 0, 2]},
+}
+STATES = [
+    "The customer wants a refund for a broken phone, today please!",
+    "Der Kunde möchte eine Rückerstattung für ein kaputtes Telefon.",
+    [{"role": "user", "content": "hello " * 300}, {"role": "agent", "content": "how can I help?"}],
+    {"ticket": 17, "body": "Where is my parcel? " * 5},
+    "顧客は壊れた電話の返金を望んでいます。",
+]
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_ckpt, tiny_ml_ckpt):
+    with Stack({"english": tiny_ckpt, "multilingual": tiny_ml_ckpt}) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def router(tiny_ckpt, tiny_ml_ckpt):
+    from laya.router import Router
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Router(models={"english": tiny_ckpt, "multilingual": tiny_ml_ckpt}, device="cpu")
+
+
+def assert_close(ours: dict, ref: dict, tol: float = 1e-4, path: str = "") -> None:
+    """Same keys in the same order, same non-float values, floats within tol."""
+    if isinstance(ref, dict):
+        assert isinstance(ours, dict) and list(ours) == list(ref), "%s keys %s != %s" % (path, list(ours), list(ref))
+        for k in ref:
+            assert_close(ours[k], ref[k], tol, "%s.%s" % (path, k))
+    elif isinstance(ref, list):
+        assert isinstance(ours, list) and len(ours) == len(ref), path
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            assert_close(a, b, tol, "%s[%d]" % (path, i))
+    elif isinstance(ref, float) and not isinstance(ref, bool):
+        assert isinstance(ours, (int, float)) and abs(ours - ref) <= tol, "%s: %r vs %r" % (path, ours, ref)
+    else:
+        assert ours == ref and type(ours) is type(ref), "%s: %r vs %r" % (path, ours, ref)
+
+
+def upstream_body(router, state, questions, **kw) -> dict:
+    """What `laya serve` returns: Router.predict + x_jev_confidence, through JSON."""
+    from laya.serve import _add_jev_confidence
+    out = router.predict(state, questions, **kw)
+    out = _add_jev_confidence(out) or out
+    return json.loads(json.dumps(out))
+
+
+def test_ready_health_reports_live_facts(stack):
+    h = stack.health()
+    assert h["ready"] is True and h["status"] == "ok"
+    assert sorted(h["loaded"]) == ["english", "multilingual"]
+    assert h["device"] == "cpu" and h["device_is_preference"] is False
+    for name in ("english", "multilingual"):
+        c = h["checkpoints"][name]
+        assert c["state"] == "ready" and c["device"] == "cpu" and c["dtype"] == "float32"
+        assert c["warmup_ms"] > 0 and len(c["sha256"]) == 64 and c["device_fallback"] is False
+
+
+@pytest.mark.parametrize("i", range(len(STATES)))
+def test_http_and_grpc_equal_upstream_router(stack, router, i):
+    state = STATES[i]
+    status, body, headers = stack.post("/v1/systemone", {"state": state, "questions": QUESTIONS})
+    assert status == 200, body
+    assert headers["server-timing"].startswith("inference;dur=")
+    ref = upstream_body(router, state, QUESTIONS)
+    assert_close(body, ref)
+    with LayaClient(stack.grpc) as c:
+        assert c.decide(state, QUESTIONS) == body
+
+
+def test_batch_route_and_grpc_batch(stack, router):
+    status, body, _ = stack.post("/v1/systemone/batch", {"states": STATES, "questions": QUESTIONS})
+    assert status == 200, body
+    assert [r["routing"]["model"] for r in body["results"]] == \
+        [upstream_body(router, s, QUESTIONS)["routing"]["model"] for s in STATES]
+    for r, s in zip(body["results"], STATES):
+        assert_close(r, upstream_body(router, s, QUESTIONS))
+    with LayaClient(stack.grpc) as c:
+        assert c.decide_batch(STATES, QUESTIONS) == body
+
+
+def test_explicit_model_and_overrides(stack, router):
+    kw = {"model": "multilingual", "max_len": 40, "head_max_len": 30}
+    status, body, _ = stack.post("/v1/systemone", dict({"state": STATES[0], "questions": {"u": QUESTIONS["urgent"]}}, **kw))
+    assert status == 200, body
+    assert_close(body, upstream_body(router, STATES[0], {"u": QUESTIONS["urgent"]}, **kw))
+
+
+def test_grpc_errors_have_the_http_kind(stack):
+    with LayaClient(stack.grpc) as c:
+        with pytest.raises(LayaError) as e:
+            c.decide("x", {"q": {"type": "bogus", "instructions": "i"}})
+        assert e.value.kind == Kind.INVALID and "unknown type" in e.value.detail
+        with pytest.raises(LayaError) as e:
+            c.decide(None, {})
+        assert e.value.kind == Kind.BAD_REQUEST
+        # the service keeps serving
+        assert c.decide("fine", {"u": QUESTIONS["urgent"]})["answers"]["u"]["type"] == "noul"
+
+
+def test_async_client(stack):
+    import asyncio
+
+    async def go():
+        async with AsyncLayaClient(stack.grpc) as c:
+            results = await asyncio.gather(*[c.decide(s, QUESTIONS) for s in STATES[:3]])
+            ev = await c.status()
+            return results, ev
+    results, ev = asyncio.run(go())
+    assert [r["routing"]["model"] for r in results][:2] == ["english", "multilingual"]
+    assert ev.ready and {s.service for s in ev.services} == {"gateway", "tokenizer", "inference"}
+
+
+def test_cli_decide_and_watch(stack, tmp_path):
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps(QUESTIONS))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYA_")}
+    out = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "decide", STATES[0], "--questions", str(q),
+                          "--address", stack.grpc, "--json"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["answers"].keys() == QUESTIONS.keys()
+    out = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "decide", STATES[0], "--questions", str(q),
+                          "--address", stack.grpc], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert out.returncode == 0 and "checkpoint: english" in out.stdout and "intent" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "watch", "--address", stack.grpc, "--count", "2",
+                          "--heartbeat", "0.3"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("READY") >= 2 and "inference" in out.stdout and "english" in out.stdout
+
+
+def test_status_stream_heartbeats_and_sees_a_killed_child_come_back(stack):
+    events: list = []
+    stop = threading.Event()
+
+    def subscribe():
+        with LayaClient(stack.grpc) as c:
+            for ev in c.watch(heartbeat_s=0.3):
+                events.append(ev)
+                if stop.is_set():
+                    return
+    t = threading.Thread(target=subscribe, daemon=True)
+    t.start()
+    time.sleep(1.5)
+    assert len(events) >= 3 and any(e.reason == "heartbeat" for e in events)
+    assert events[-1].ready
+    os.kill(stack.child_pid("inference"), signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    saw_down = False
+    while time.monotonic() < deadline:
+        if any(not e.ready for e in events):
+            saw_down = True
+        if saw_down and events[-1].ready:
+            break
+        time.sleep(0.2)
+    stop.set()
+    assert saw_down, "the stream never reported the killed inference service"
+    final = events[-1]
+    assert final.ready, "inference did not come back: %s" % stack.log()
+    inf = [s for s in final.services if s.service == "inference"][0]
+    assert inf.restarts >= 1 and all(c.state == S.READY for c in inf.checkpoints)
+    # the first request after the restart is served
+    status, body, _ = stack.post("/v1/systemone", {"state": "ok", "questions": {"u": QUESTIONS["urgent"]}})
+    assert status == 200, body
+
+
+def test_watch_sees_warming_then_ready(tiny_ckpt):
+    """A subscriber attached before readiness sees the checkpoint warm up, then the stack ready."""
+    s = Stack({"english": tiny_ckpt}, wait=False)
+    states: list = []
+    s.__enter__()
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                with LayaClient(s.grpc) as c:
+                    for ev in c.watch(heartbeat_s=0.5):
+                        for svc in ev.services:
+                            for cp in svc.checkpoints:
+                                states.append(cp.state)
+                        if ev.ready:
+                            raise StopIteration
+            except grpc.RpcError:
+                time.sleep(0.2)
+            except StopIteration:
+                break
+        assert S.READY in states
+        first_ready = states.index(S.READY)
+        assert any(x in (S.LOADING, S.WARMING) for x in states[:first_ready]), states
+    finally:
+        s.__exit__(None, None, None)
