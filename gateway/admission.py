@@ -28,10 +28,6 @@ class Admission:
         self.limit = limit
         self._semaphore: Optional[asyncio.Semaphore] = None  # bound to the serving loop lazily
 
-    @property
-    def in_flight(self) -> int:
-        return 0 if self._semaphore is None else self.limit - self._semaphore._value
-
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         if self._semaphore is None:

@@ -4,6 +4,10 @@ Requests that arrive while the device is busy share the next forward pass: the t
 queued jobs (same checkpoint, FIFO) until a padded-token budget or a row cap is reached, pads
 once, runs, and hands each job its slice. There is no wait timer by default (TEI's policy: the
 next batch forms as soon as the device frees); `max_wait_ms` adds a short one for bursty loads.
+The budget counts tokens as the runner will really pad them (its CUDA graph buckets), so a
+batch never lands in a shape that was not captured during warmup.
+`keep_warm_s` > 0 re-runs the last real row after that much idle time, so the GPU does not
+clock down between sparse requests (see docs/performance.md for what it costs and buys).
 All framework work stays on this thread (MLX requires it; torch releases the GIL in kernels).
 """
 from __future__ import annotations
@@ -45,7 +49,7 @@ class _Job:
 class Batcher:
     def __init__(self, get_runner: Callable[[str], object], pad_id_of: Callable[[str], int], *,
                  max_batch_tokens: int = 16384, max_batch_rows: int = 256, max_wait_ms: float = 0.0,
-                 length_multiple: int = 8):
+                 length_multiple: int = 8, keep_warm_s: float = 0.0):
         self._get_runner = get_runner
         self._pad_id_of = pad_id_of
         self.max_batch_tokens = max_batch_tokens
@@ -56,9 +60,12 @@ class Batcher:
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="laya-device", daemon=True)
+        self.keep_warm_s = keep_warm_s
+        self._last: Optional[tuple[str, PackedRows]] = None   # (checkpoint, one real row) for keep-warm
         self.busy = False
         self.batches = 0
         self.rows_done = 0
+        self.keep_warm_runs = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -99,10 +106,21 @@ class Batcher:
             raise
 
     # -- device thread --------------------------------------------------------------------
+    def _padded_cost(self, checkpoint: str) -> Callable[[int, int], int]:
+        try:
+            runner = self._get_runner(checkpoint)
+        except LayaError:
+            return lambda rows, tokens: rows * tokens   # not loaded: the forward reports why
+        return getattr(runner, "padded_tokens", lambda rows, tokens: rows * tokens)
+
     def _take(self) -> list[_Job]:
         with self._cv:
             while not self._queue and not self._stop:
-                self._cv.wait()
+                if self.keep_warm_s > 0 and self._last is not None:
+                    if not self._cv.wait(timeout=self.keep_warm_s) and not self._queue and not self._stop:
+                        return [_Job(self._last[0], self._last[1], None, None)]  # type: ignore[arg-type]
+                else:
+                    self._cv.wait()
             if self._stop:
                 return []
             first = self._queue.popleft()
@@ -110,6 +128,7 @@ class Batcher:
                 return [first]
             if self.max_wait_s > 0 and len(self._queue) == 0:
                 self._cv.wait(timeout=self.max_wait_s)
+            cost = self._padded_cost(first.checkpoint)
             jobs, rows = [first], first.rows.n
             longest = int(first.rows.lengths.max())
             keep = collections.deque()
@@ -121,7 +140,8 @@ class Batcher:
                 if j.future.cancelled():
                     continue
                 cand_longest = max(longest, int(j.rows.lengths.max()))
-                if rows + j.rows.n > self.max_batch_rows or (rows + j.rows.n) * cand_longest > self.max_batch_tokens:
+                if (rows + j.rows.n > self.max_batch_rows
+                        or cost(rows + j.rows.n, cand_longest) > self.max_batch_tokens):
                     keep.append(j)
                     keep.extend(self._queue)
                     self._queue.clear()
@@ -142,6 +162,9 @@ class Batcher:
             if hasattr(jobs[0], "call"):
                 self._run_call(jobs[0])
                 continue
+            if jobs[0].future is None:
+                self._keep_warm(jobs[0])
+                continue
             jobs = [j for j in jobs if not j.future.cancelled()]
             if not jobs:
                 continue
@@ -150,6 +173,16 @@ class Batcher:
                 self._run_batch(jobs)
             finally:
                 self.busy = False
+
+    def _keep_warm(self, job: _Job) -> None:
+        """One discarded forward of a real row's shape: keeps the GPU clocked up while idle."""
+        try:
+            runner = self._get_runner(job.checkpoint)
+            runner.forward(job.rows.pad(self._pad_id_of(job.checkpoint)))
+            self.keep_warm_runs += 1
+        except LayaError as e:       # evicted or failed meanwhile: stop until the next real request
+            log.info("keep-warm skipped: %s", e.detail)
+            self._last = None
 
     def _run_call(self, job: _Job) -> None:
         try:
@@ -175,6 +208,8 @@ class Batcher:
                 j.loop.call_soon_threadsafe(_set_exception, j.future, err)
             return
         model_ms = (time.perf_counter() - start) * 1e3
+        if self.keep_warm_s > 0:
+            self._last = (jobs[0].checkpoint, jobs[0].rows.take([0]))
         self.batches += 1
         self.rows_done += rows.n
         at = 0

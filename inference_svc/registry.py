@@ -19,6 +19,7 @@ import numpy as np
 
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.packed_rows import PackedRows
+from laya_grpc.sources import open_source
 from laya_grpc.temperatures import Temperatures
 from laya_proto.v1 import status_pb2
 
@@ -65,7 +66,8 @@ class Registry:
     def slot(self, name: str) -> Slot:
         s = self.slots.get(name)
         if s is None:
-            raise LayaError(Kind.NOT_FOUND, "unknown checkpoint %r; served: %s" % (name, sorted(self.slots)))
+            raise LayaError(Kind.NOT_FOUND, "checkpoint %r is not served here (served: %s); pin a served one with "
+                            "\"model\", or start the server with --checkpoint %s=SOURCE" % (name, sorted(self.slots), name))
         return s
 
     def ready_runner(self, name: str):
@@ -94,8 +96,7 @@ class Registry:
         self._set(s, S.PREPARING if preparing else S.LOADING, "reading weights from %s" % s.source)
         t0 = time.perf_counter()
         try:
-            from laya_grpc.checkpoint import open_checkpoint
-            ckpt = await asyncio.get_running_loop().run_in_executor(None, open_checkpoint, s.source)
+            ckpt = await asyncio.get_running_loop().run_in_executor(None, open_source, s.source)
             runner = await self.run_on_device(lambda: load_runner(ckpt.path, self.backend, self.pick.device, self.dtype))
             s.ckpt, s.runner = ckpt, runner
             s.temps = Temperatures.from_config(ckpt.config)
@@ -169,6 +170,9 @@ def synthetic_rows(rows: int, tokens: int, markers: int, vocab: int, seed: int =
 
 
 def _warm(runner, ckpt, pad_id: int) -> None:
+    warm = getattr(runner, "warm", None)   # TorchRunner on CUDA: capture every bucket's graph now
+    if warm is not None:
+        warm()
     for i, (r, t, m) in enumerate(warmup_shapes(int(ckpt.max_len))):
         rows = synthetic_rows(r, t, m, runner.vocab_size, seed=i)
         if getattr(ckpt, "option_layout", "sequential") == "parallel":

@@ -40,9 +40,12 @@ class DevicePick:
 
 
 class TorchRunner:
+    """The torch network. On CUDA every forward replays a captured graph of its shape bucket
+    (cuda_graphs.py); on CPU and MPS it runs eagerly (CPU fp32 is the bit-exact reference path)."""
     backend = "torch"
 
-    def __init__(self, ckpt_dir: str, device: str, dtype: Optional[str]):
+    def __init__(self, ckpt_dir: str, device: str, dtype: Optional[str], max_rows: int = 256,
+                 max_batch_tokens: int = 16384, graphs: bool = True):
         import torch
         from inference_svc.torch_model import LayaTorch
         self._torch = torch
@@ -53,8 +56,37 @@ class TorchRunner:
         self.n_act = spec.n_act
         self.max_positions = 1 << 30   # RoPE has no hard table; budgets are enforced by the tokenizer
         self._dev = torch.device(device)
+        self.max_batch_tokens = max_batch_tokens
+        self.graphs = None
+        if graphs and self._dev.type == "cuda":
+            from inference_svc.cuda_graphs import BucketPlan, CudaGraphForward
+            cfg = _read_agent_config(ckpt_dir)
+            plan = BucketPlan(max_rows=max_rows, max_tokens=int(cfg.get("max_len", 512)))
+            self.graphs = CudaGraphForward(self.model, self._dev, plan,
+                                           parallel=cfg.get("option_layout", "sequential") == "parallel")
+
+    def warm(self) -> int:
+        """Capture the CUDA graph of every bucket a batch within the token budget can use (before
+        ready, so live traffic never captures); returns how many graphs are resident."""
+        if self.graphs is None:
+            return 0
+        self.graphs.warm(self.graphs.plan.warm_buckets(self.max_batch_tokens))
+        return len(self.graphs.cache)
+
+    def padded_tokens(self, rows: int, tokens: int) -> int:
+        """What a batch really costs on this runner once padded to its bucket (the batcher's budget)."""
+        if self.graphs is None:
+            return rows * tokens
+        b = self.graphs.plan.bucket(min(rows, self.graphs.plan.max_rows), min(tokens, self.graphs.plan.max_tokens), 1)
+        return b.rows * b.tokens * -(-rows // b.rows)
 
     def forward(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
+        if self.graphs is not None:
+            n, step = batch["input_ids"].shape[0], self.graphs.plan.max_rows
+            if n <= step:
+                return self.graphs.forward(batch)
+            parts = [self.graphs.forward({k: v[i: i + step] for k, v in batch.items()}) for i in range(0, n, step)]
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         torch = self._torch
         non_blocking = self._dev.type == "cuda"
         t = {k: torch.from_numpy(v).to(self._dev, non_blocking=non_blocking) for k, v in batch.items()}
@@ -74,26 +106,38 @@ class TorchRunner:
     def close(self) -> None:
         torch = self._torch
         dev = self._dev
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
         del self.model
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _read_agent_config(ckpt_dir: str) -> dict:
+    from laya_grpc.pipeline import read_config
+    return read_config(ckpt_dir)
 
 
 class MlxRunner:
     backend = "mlx"
 
     def __init__(self, ckpt_dir: str, dtype: Optional[str]):
+        import mlx.core as mx
         from inference_svc.mlx_model import LayaMLX
-        self.model = LayaMLX.from_checkpoint(ckpt_dir, dtype=(dtype or "float32"))
-        self.vocab_size = self.model.spec.vocab_size if hasattr(self.model, "spec") else 1 << 30
-        self.n_act = getattr(getattr(self.model, "spec", None), "n_act", 2)
+        if not dtype or dtype == "auto":
+            # float32 on CPU is exact to upstream; on the Apple GPU fp16 is the ports' convention
+            dtype = "float16" if mx.default_device().type == mx.gpu else "float32"
+        self.model = LayaMLX.from_checkpoint(ckpt_dir, dtype=dtype)
+        self.vocab_size = self.model.spec.vocab_size
+        self.n_act = self.model.n_act
         self.max_positions = 1 << 30
 
     def forward(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
         return self.model.forward(**batch)
 
     def device(self) -> str:
-        return "mlx:%s" % self.model.device
+        return self.model.device          # "mlx:gpu" or "mlx:cpu", from MLX itself
 
     def dtype(self) -> str:
         return str(self.model.dtype)
@@ -160,8 +204,10 @@ def pick_device(requested: str, backend: str, require: bool) -> DevicePick:
     return DevicePick("cpu", requested, True, why + "; fell back to cpu")
 
 
-def load_runner(ckpt_dir: str, backend: str, device: str, dtype: Optional[str]):
+def load_runner(ckpt_dir: str, backend: str, device: str, dtype: Optional[str], max_rows: int = 256,
+                max_batch_tokens: int = 16384):
     t0 = time.perf_counter()
-    runner = MlxRunner(ckpt_dir, dtype) if backend == "mlx" else TorchRunner(ckpt_dir, device, dtype)
+    runner = (MlxRunner(ckpt_dir, dtype) if backend == "mlx"
+              else TorchRunner(ckpt_dir, device, dtype, max_rows=max_rows, max_batch_tokens=max_batch_tokens))
     log.info("loaded %s on %s/%s in %.0f ms", ckpt_dir, runner.device(), runner.dtype(), (time.perf_counter() - t0) * 1e3)
     return runner

@@ -238,20 +238,28 @@ class LayaTorch(nn.Module):
     # -- masks and rotary tables -------------------------------------------------------------
 
     def _rope(self, theta: float, length: int, device: torch.device, dtype: torch.dtype):
-        """cos/sin [length, head_dim] for positions 0..length-1, exactly as ModernBERT computes them."""
-        key = (theta, length, device, dtype)
+        """cos/sin [length, head_dim] for positions 0..length-1, exactly as ModernBERT computes them.
+
+        One table per (theta, device, dtype), grown to the longest length seen and sliced: each
+        position's value does not depend on the table's length, so slices are bit-identical to a
+        fresh table, and captured CUDA graphs can keep pointing at it (prepare_rope)."""
+        key = (theta, torch.device(device), dtype)
         hit = self._rope_cache.get(key)
-        if hit is None:
+        if hit is None or hit[0].shape[0] < length:
             dim = self.spec.head_dim
             inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(
                 device=device, dtype=torch.float) / dim))
             freqs = torch.arange(length, device=device).float()[:, None] * inv_freq[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
             hit = (emb.cos().to(dtype), emb.sin().to(dtype))
-            if len(self._rope_cache) > 64:  # lengths vary per batch; keep the table bounded
-                self._rope_cache.clear()
             self._rope_cache[key] = hit
-        return hit
+        return hit[0][:length], hit[1][:length]
+
+    def prepare_rope(self, max_length: int, device: torch.device | str) -> None:
+        """Build the rotary tables at their final length before any CUDA graph is captured."""
+        dtype = self.encoder.embeddings.tok_embeddings.weight.dtype
+        for kind in set(self.spec.layer_types):
+            self._rope(self.spec.rope_theta[kind], max_length, torch.device(device), dtype)
 
     def _masks(self, attention_mask, position_ids, option_ids, length: int):
         """Boolean SDPA masks (True = may attend), one per layer type, built once per batch."""
@@ -260,14 +268,17 @@ class LayaTorch(nn.Module):
         if option_ids is None:
             idx = torch.arange(length, device=attention_mask.device)
             near = (idx[:, None] - idx[None, :]).abs() <= w                # [L,L]
-            return {FULL: keys, SLIDING: keys & near}
+            # every query also sees itself: a real token already does, and a padding query far
+            # past the window would otherwise have no key at all (NaN in the fused GPU kernels)
+            return {FULL: keys, SLIDING: (keys & near) | (idx[:, None] == idx[None, :])}
         # laya.common.parallel_option_masks: no attention between two different options; the
         # window is measured in position ids, because options share positions.
         opt_q, opt_k = option_ids[:, :, None], option_ids[:, None, :]
         other = (opt_q > 0) & (opt_k > 0) & (opt_q != opt_k)
         full = keys & ~other[:, None]
         near = (position_ids[:, :, None] - position_ids[:, None, :]).abs() <= w
-        return {FULL: full, SLIDING: full & near[:, None]}
+        idx = torch.arange(length, device=attention_mask.device)
+        return {FULL: full, SLIDING: (full & near[:, None]) | (idx[:, None] == idx[None, :])}
 
     # -- forward -----------------------------------------------------------------------------
 

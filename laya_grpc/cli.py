@@ -51,10 +51,12 @@ def main(argv=None) -> int:
     name = argv[0]
     module_name, summary = COMMANDS[name]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog="laya-grpc %s" % name, description=summary,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter
-                                     if False else argparse.HelpFormatter)
-    module.add_arguments(parser, name) if _takes_name(module.add_arguments) else module.add_arguments(parser)
+    parser = argparse.ArgumentParser(prog="laya-grpc %s" % name, description=module.__doc__ or summary,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    if _takes_name(module.add_arguments):
+        module.add_arguments(parser, name)
+    else:
+        module.add_arguments(parser)
     args = flags.finish(parser, parser.parse_args(argv[1:]))
     args.command = name
     try:

@@ -11,7 +11,6 @@ precision would flip the last digit now and then. Field order is upstream's emit
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Optional
 
@@ -20,13 +19,6 @@ import numpy as np
 from .errors import Kind, LayaError
 from .questions import Question
 from .temperatures import Temperatures
-
-
-def render_criterion(value: Any) -> str:
-    """A score level as text: strings as is, anything else as one-line JSON (upstream's legend)."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
 
 
 def softmax_f32(x: np.ndarray) -> np.ndarray:
@@ -68,7 +60,9 @@ def decode_answer(question: Question, option_logits: np.ndarray, act_logits: np.
     """One answer as `Agent.predict` returns it.
 
     `option_logits`: float32 [k], one per option marker, in SLOT order (as fed to the model).
-    `act_logits`: float32 [n_act]; `act_probability` is softmax(act_logits)[0].
+    `act_logits`: float32 [n_act]; `act_probability` is softmax(act_logits)[0]. Upstream takes
+    that softmax in torch, whose float32 exp differs from numpy's by an ulp now and then, so about
+    1 act_probability in 10^4 can differ by 1e-4 (the shipped act logits saturate it at 1.0).
     """
     logits = np.asarray(option_logits, dtype=np.float32)
     k = int(logits.shape[0])

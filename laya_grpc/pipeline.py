@@ -54,8 +54,9 @@ class Predictor:
                                    head_max_len=self.config.get("head_max_len", 192),
                                    parallel_layout=self.config.get("option_layout", "sequential") == "parallel")
         # Offline there is no operator to notice a quiet CPU fallback: an absent device is an error.
+        # "auto" is each runner's own default precision (fp32 on CPU and MLX, exact to upstream).
         self.runner = load_runner(checkpoint_dir, backend, pick_device(device, backend, require=True).device,
-                                  dtype)
+                                  None if dtype == "auto" else dtype)
         self.device = self.runner.device()
 
     def predict(self, state: Any, questions: dict, max_len: Optional[int] = None,
@@ -78,6 +79,8 @@ class Predictor:
         states = list(states)
         if any(state is None for state in states):
             raise LayaError(Kind.BAD_REQUEST, "'state' is required")
+        if not states:
+            return []
         if not questions:
             return [{"model": MODEL_TAG, "answers": {}, "usage": {"input_tokens": 0, "output_tokens": 0}}
                     for _ in states]

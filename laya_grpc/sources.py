@@ -25,3 +25,22 @@ def parse_checkpoint_specs(specs) -> dict:
             raise LayaError(Kind.INVALID, "checkpoint name %r given twice" % name)
         out[name] = source
     return out
+
+
+def split_source(source: str) -> tuple:
+    """'org/repo/sub@rev' -> ('org/repo', 'sub', 'rev'); an existing local path -> (path, None, None)."""
+    import os
+    if os.path.exists(source) or source.startswith(("/", ".", "~")):
+        return source, None, None
+    base, _, revision = source.partition("@")
+    parts = base.split("/")
+    repo = "/".join(parts[:2])
+    subfolder = "/".join(parts[2:]) or None
+    return repo, subfolder, (revision or None)
+
+
+def open_source(source: str):
+    """A `--checkpoint` source (local dir or hub id with optional subfolder and @revision), validated."""
+    from laya_grpc.checkpoint import open_checkpoint
+    repo, subfolder, revision = split_source(source)
+    return open_checkpoint(repo, revision=revision, subfolder=subfolder)

@@ -17,7 +17,6 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 import warnings
 

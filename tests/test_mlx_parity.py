@@ -9,6 +9,7 @@ fp32 must agree to float rounding; fp16 to what half precision allows.
 from __future__ import annotations
 
 import platform
+import shutil
 
 import numpy as np
 import pytest
@@ -29,12 +30,7 @@ FP32_TOL = 1e-4
 FP16_PROB_TOL = 1e-2
 FP16_TIE_MARGIN = 0.04   # fp16 may flip an argmax only between options closer than this
 
-STATES = [
-    "Short.",
-    "I was charged twice for order 4711. Please refund the duplicate payment today. " * 12,
-    {"customer": "Ana", "order": 4711, "notes": ["late", "damaged box"], "amount": 12.5},
-    ["user: hello", "agent: how can I help?", "user: my parcel never arrived, I want my money back"],
-]
+LONG = "I was charged twice for order 4711. Please refund the duplicate payment today. " * 6
 QUESTIONS = {
     **{"c%d" % n: {"type": "choice", "instructions": "Pick one of %d." % n,
                    "criteria": {"opt_%d" % i: "description %d" % i for i in range(n)}} for n in range(1, 15)},
@@ -42,13 +38,20 @@ QUESTIONS = {
                 "criteria": ["not urgent", "soon", "immediately"]},
     "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
 }
+# (state, question ids): every marker count 1..14 once, the long state (~6x the sliding window of the
+# tiny presets) with small questions so the batch stays cheap on MLX's CPU backend.
+GROUPS = [
+    ("Short.", ["c%d" % n for n in range(1, 8)]),
+    ({"customer": "Ana", "order": 4711, "notes": ["late", "damaged box"]}, ["c%d" % n for n in range(8, 15)]),
+    (LONG, ["c1", "c2", "urgency", "refund"]),
+    (["user: hello", "agent: how can I help?", "user: my parcel never arrived"], ["c5", "refund"]),
+]
 
 
-def _batch(agent, questions: dict) -> dict:
+def _batch(agent, groups) -> dict:
     """Upstream's own rows for every (state, question), collated into one padded batch."""
-    internal = {qid: agent._to_internal(q) for qid, q in questions.items()}
-    groups = [agent._encode_state(s, list(questions), internal) for s in STATES]
-    return collate_items(groups, agent.tok.pad_token_id)
+    internal = {qid: agent._to_internal(q) for qid, q in QUESTIONS.items()}
+    return collate_items([agent._encode_state(s, qids, internal) for s, qids in groups], agent.tok.pad_token_id)
 
 
 def _inputs(b: dict) -> list:
@@ -75,7 +78,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 def case(request, tmp_path_factory):
     path = make_checkpoint(str(tmp_path_factory.mktemp(request.param) / "ckpt"), request.param)
     agent = laya.load(path, device="cpu")
-    batches = [_batch(agent, QUESTIONS), _batch(agent, {"c1": QUESTIONS["c1"]})]
+    batches = [_batch(agent, GROUPS), _batch(agent, [(s, ["c1"]) for s, _ in GROUPS])]
     assert ("option_ids" in batches[0]) == (request.param == "tiny-par")
     return path, [(_inputs(b), _upstream(agent, b)) for b in batches]
 
@@ -85,7 +88,7 @@ def test_batches_cover_the_hard_cases(case):
     (ids, att, _, mmask, _, *_), _ = runs[0]
     lengths = att.sum(1)
     assert lengths.min() < lengths.max()                 # padding
-    assert lengths.max() > 16 * 4                        # far past tiny's sliding window (local_attention 16)
+    assert lengths.max() > 16 * 4                        # far past the tiny sliding window (local_attention 16)
     assert set(mmask.sum(1)) == set(range(1, 15))         # 1..14 markers (score: 3, noul: 2)
     assert runs[1][0][3].shape[1] == 1                   # a batch whose widest question has one marker
 
@@ -148,7 +151,6 @@ def test_bad_inputs_are_refused(case):
 
 
 def test_missing_tensor_is_a_checkpoint_error(case, tmp_path):
-    import shutil
     path = str(tmp_path / "broken")
     shutil.copytree(case[0], path)
     tensors = load_file(path + "/model.safetensors")

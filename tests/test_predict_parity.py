@@ -141,6 +141,10 @@ def _compare(ours, theirs, path, dps):
         assert [k for k, _ in ours] == [k for k, _ in theirs], path
         for (k, a), (_, b) in zip(ours, theirs):
             _compare(a, b, path + "." + k, dps)
+    elif isinstance(theirs, list) and theirs and isinstance(theirs[0], list):
+        assert len(ours) == len(theirs), path
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            _compare(a, b, "%s[%d]" % (path, i), dps)
     elif isinstance(theirs, float) and not path.endswith(".choice"):
         assert isinstance(ours, float), path
         dps.append(abs(ours - theirs))
@@ -153,22 +157,45 @@ def _pairs(text: str):
     return json.loads(text, object_pairs_hook=lambda p: [tuple(x) for x in p])
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny-ml", "tiny-par", "tiny-clamped"])
-def checkpoint(request, tmp_path_factory):
-    preset = "tiny" if request.param == "tiny-clamped" else request.param
-    path = make_checkpoint(str(tmp_path_factory.mktemp("ckpt") / request.param), preset)
-    if request.param == "tiny-clamped":
+def _env(**extra) -> dict:
+    """Subprocess env: the repo importable, one torch thread (the test machine is shared)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra}
+
+
+@pytest.fixture(scope="module")
+def upstream_threads():
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", params=["tiny", "tiny-ml", "tiny-par", "tiny-clamped", "tiny-ml/mlx"])
+def checkpoint(request, tmp_path_factory, upstream_threads):
+    """(name, checkpoint dir, backend); `/mlx` runs our MLX network instead of torch."""
+    name, _, backend = request.param.partition("/")
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    return request.param, _make(name, tmp_path_factory), backend or "torch"
+
+
+def _make(name: str, tmp_path_factory) -> str:
+    preset = "tiny" if name == "tiny-clamped" else name
+    path = make_checkpoint(str(tmp_path_factory.mktemp("ckpt") / name), preset)
+    if name == "tiny-clamped":
         cfg_path = os.path.join(path, "rl_agent_config.json")
         with open(cfg_path) as f:
             cfg = json.load(f)
         cfg.update(CLAMPED_TEMPERATURES)
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
-    return request.param, path
+    return path
 
 
 def test_predict_matches_upstream(checkpoint, tmp_path):
-    name, path = checkpoint
+    name, path, backend = checkpoint
     requests = _requests(seed=sum(map(ord, name)))
     lines, expect = [], []          # expect: ("ok", body) or ("error", status, detail)
     for i, body in enumerate(requests):
@@ -186,9 +213,8 @@ def test_predict_matches_upstream(checkpoint, tmp_path):
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     proc = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "predict", "--checkpoint", path,
-                           "--device", "cpu", str(src)],
-                          capture_output=True, timeout=600, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
+                           "--backend", backend, "--device", "cpu", str(src)],
+                          capture_output=True, timeout=600, cwd=REPO, env=_env())
     assert proc.returncode == 1, proc.stderr.decode()[-3000:]       # some lines failed
     out = proc.stdout.decode("utf-8").splitlines()
     assert len(out) == len(expect), proc.stderr.decode()[-3000:]
@@ -232,16 +258,13 @@ def test_predict_matches_upstream(checkpoint, tmp_path):
           % (name, n_ok, n_refused, len(dps), max(dps), n_err))
 
 
-def test_predict_reads_stdin_and_exits_zero_when_all_answered(checkpoint):
-    name, path = checkpoint
-    if name != "tiny":
-        pytest.skip("one fixture is enough for the stdin path")
+def test_predict_reads_stdin_and_exits_zero_when_all_answered(tmp_path_factory, upstream_threads):
+    path = _make("tiny", tmp_path_factory)
     body = {"state": "refund please", "questions": {"r": {"type": "noul", "instructions": "Refund?"}},
             "min_confidence": 0.2}
     proc = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "predict", "-"],
                           input=(json.dumps(body) + "\n").encode(), capture_output=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "LAYA_CHECKPOINT": path, "LAYA_DEVICE": "cpu",
-                               "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
+                          env=_env(LAYA_CHECKPOINT=path, LAYA_DEVICE="cpu"))
     assert proc.returncode == 0, proc.stderr.decode()
     (line,) = proc.stdout.decode().splitlines()
     with warnings.catch_warnings():
@@ -249,3 +272,22 @@ def test_predict_reads_stdin_and_exits_zero_when_all_answered(checkpoint):
         theirs = laya.load(path, device="cpu").predict(body["state"], body["questions"], min_confidence=0.2)
     _compare(_pairs(line), _pairs(json.dumps(theirs)), "stdin", [])
     assert list(json.loads(line)["answers"]["r"])[-2:] == ["abstention", "abstention_threshold"]
+
+
+def test_predictor_batch_matches_upstream_batch(tmp_path_factory, upstream_threads):
+    """In process: `Predictor.predict_batch` (all states in one forward) vs `Agent.predict_batch`."""
+    from laya_grpc.pipeline import Predictor
+    path = _make("tiny-ml", tmp_path_factory)
+    rng = np.random.default_rng(11)
+    states = [_state(rng) for _ in range(7)]
+    questions = {"c": _question(rng, "choice", 6), "s": _question(rng, "score", 4), "n": _question(rng, "noul", 2)}
+    ours = Predictor(path, device="cpu").predict_batch(states, questions, max_len=300,
+                                                       min_confidence={"default": 0.4})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = laya.load(path, device="cpu").predict_batch(states, questions, max_len=300,
+                                                             min_confidence={"default": 0.4})
+    dps: list[float] = []
+    _compare(_pairs(json.dumps(ours)), _pairs(json.dumps(theirs)), "batch", dps)
+    assert len(ours) == 7 and len(dps) > 100
+    print("predict_batch: 7 states x 3 questions, %d numbers, max |dp| %.2e" % (len(dps), max(dps)))

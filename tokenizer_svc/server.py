@@ -20,7 +20,7 @@ from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import install_stop_signals, setup_logging
 from laya_grpc.packed_rows import PackedRows
 from laya_grpc.questions import parse_questions
-from laya_grpc.sources import parse_checkpoint_specs
+from laya_grpc.sources import open_source, parse_checkpoint_specs
 from laya_proto.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
 from .encoding import TextEncoder
@@ -40,10 +40,9 @@ class LoadedTokenizer:
 
 
 def load_tokenizers(sources: dict) -> dict:
-    from laya_grpc.checkpoint import open_checkpoint
     out = {}
     for name, source in sources.items():
-        ckpt = open_checkpoint(source)
+        ckpt = open_source(source)
         parallel = getattr(ckpt, "option_layout", "sequential") == "parallel"
         enc = TextEncoder(ckpt.tokenizer_dir, max_len=int(ckpt.max_len), head_max_len=int(ckpt.head_max_len),
                           parallel_layout=parallel)

@@ -1,0 +1,1 @@
+"""Benchmark suite: `laya-grpc bench`."""
