@@ -38,7 +38,7 @@ class Case:
 
 def named_cases() -> list[Case]:
     """short one-question, 3 and 6 questions, 512 tokens (truncated at max_len), noul."""
-    short = "The customer says: " + _text(75, 1)
+    short = "The customer says: " + _text(30, 1)
     return [
         Case("short", short, {"intent": INTENT}),
         Case("q3", short, {"intent": INTENT, "severity": SEVERITY, "urgent": URGENT}),

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from laya_grpc.confidence_gate import Threshold, check_min_confidence
+from laya_grpc.controls import token_budget
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.questions import Question, check_request_limits, parse_questions
 from laya_grpc.routing import RouteTable, check_language_param, resolve_model
@@ -98,19 +99,6 @@ def has_lone_surrogate(value: Any) -> bool:
 
 
 # -- controls -----------------------------------------------------------------------------------
-def _budget(body: dict, key: str, cap: int) -> Optional[int]:
-    val = body.get(key)
-    if val is None:
-        return None
-    if not isinstance(val, int) or isinstance(val, bool):
-        raise LayaError(Kind.INVALID, "%s must be an integer" % key)
-    if val <= 0:
-        raise LayaError(Kind.INVALID, "%s must be a positive integer" % key)
-    if val > cap:
-        raise LayaError(Kind.INVALID, "%s exceeds server limit (%d > %d)" % (key, val, cap))
-    return val
-
-
 def _batch_size(body: dict) -> Optional[int]:
     val = body.get("batch_size")
     if val is None:
@@ -185,8 +173,8 @@ def parse_batch_body(raw: bytes, table: RouteTable, max_token_budget: int = 8192
 
 def _controls(body: dict, table: RouteTable, max_token_budget: int) -> Controls:
     model = resolve_model(body.get("model"), table)
-    max_len = _budget(body, "max_len", max_token_budget)
-    head_max_len = _budget(body, "head_max_len", max_token_budget)
+    max_len = token_budget(body, "max_len", max_token_budget)
+    head_max_len = token_budget(body, "head_max_len", max_token_budget)
     lang = check_language_param("lang", body.get("lang"))
     lang_guess = check_language_param("lang_guess", body.get("lang_guess"))
     min_confidence = check_min_confidence(body.get("min_confidence"))

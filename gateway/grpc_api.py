@@ -183,8 +183,8 @@ class StatusServicer(decision_pb2_grpc.StatusServiceServicer):
                         instance_id=self.feed.instance_id, sequence=self.feed.sequence, time_unix=ev.time_unix,
                         started_unix=self.feed.started, address=self.address)
         for b in self.services.backends:
-            if b.service == "inference" and b.status is not None and b.serving:
-                st = ev.services.add()
+            if b.service == "inference" and b.status is not None:
+                st = ev.services.add()   # its own detailed view: checkpoints loading, warming, ready
                 st.CopyFrom(b.status)
                 st.restarts = b.downs
             else:

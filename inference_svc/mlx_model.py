@@ -13,7 +13,6 @@ softmax, then go through the act head in the model dtype (upstream's non-autocas
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
@@ -24,6 +23,7 @@ import numpy as np
 
 from laya_grpc.checkpoint_shapes import Dims, tensor_shapes
 from laya_grpc.errors import CheckpointError, Kind, LayaError
+from laya_grpc.jsonfile import read_json_object
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16}
 _HEAD_LN_EPS = 1e-5          # nn.TransformerEncoderLayer / nn.LayerNorm default in the decision head
@@ -54,19 +54,9 @@ class HeadSpec:
     n_act: int
 
 
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(path, "file is missing") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(path, "cannot read JSON: %s" % e) from None
-
-
 def read_encoder_spec(path: str) -> EncoderSpec:
     """Parse `encoder/config.json`, refusing every ModernBERT variant this code does not implement."""
-    c = _read_json(path)
+    c = read_json_object(path)
     if c.get("model_type") != "modernbert":
         raise CheckpointError(path, "model_type must be 'modernbert', got %r" % c.get("model_type"))
     for key in ("attention_bias", "mlp_bias", "norm_bias"):
@@ -130,7 +120,7 @@ class LayaMLX:
         """Load `path/model.safetensors` as is; parameters are cast once to `dtype` (float32|float16)."""
         if dtype not in DTYPES:
             raise LayaError(Kind.INVALID, "MLX dtype must be one of %s, got %r" % (", ".join(DTYPES), dtype))
-        cfg = _read_json(os.path.join(path, "rl_agent_config.json"))
+        cfg = read_json_object(os.path.join(path, "rl_agent_config.json"))
         spec = read_encoder_spec(os.path.join(path, "encoder", "config.json"))
         wpath = os.path.join(path, "model.safetensors")
         if not os.path.isfile(wpath):
@@ -215,8 +205,6 @@ class LayaMLX:
         logits, act = self._fn(*args)
         mx.eval(logits, act)
         return np.array(logits, dtype=np.float32), np.array(act, dtype=np.float32)
-
-    __call__ = forward
 
     def _forward(self, ids, att, mpos, mmask, qtype, pos=None, opt=None):
         h = self._encode(ids, att, pos, opt)

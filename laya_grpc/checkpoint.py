@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 import os
 import re
@@ -22,6 +21,8 @@ from typing import Any
 
 from .checkpoint_shapes import Dims, tensor_shapes
 from .errors import CheckpointError
+from .jsonfile import read_json_object
+from .temperatures import raw_temperatures
 
 CONFIG_FILE = "rl_agent_config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -45,16 +46,12 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 # Upstream defaults (agent.py / common.py) for optional rl_agent_config.json keys.
 DEFAULT_MAX_LEN = 512
 DEFAULT_HEAD_MAX_LEN = 192
-DEFAULT_TEMPERATURE = [1.0, 1.0, 1.0]
 # transformers' ModernBertConfig defaults for keys an older config may omit.
 DEFAULT_GLOBAL_ROPE_THETA = 160000.0
 DEFAULT_LOCAL_ROPE_THETA = 10000.0
 DEFAULT_LOCAL_ATTENTION = 128
 DEFAULT_GLOBAL_EVERY = 3
 DEFAULT_NORM_EPS = 1e-5
-
-TEMP_MIN = 0.5   # upstream common.TEMP_MIN / TEMP_MAX: fitted temperatures are confined to this range
-TEMP_MAX = 5.0
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -70,19 +67,6 @@ class SpecialTokens:
     sep_id: int
     pad_id: int
     mask_id: int
-
-
-@dataclass(frozen=True)
-class Temperatures:
-    """Temperatures as upstream applies them: every entry through `clamp_temperature`.
-
-    `replaced` names entries the clamp changed (`"choice:11+=0.1006 -> 0.5"`); `warning` is
-    upstream's RuntimeWarning text for them, or None when nothing was replaced.
-    """
-    temperature: list[float]
-    by_options: dict[str, float]
-    replaced: list[str]
-    warning: str | None
 
 
 @dataclass(frozen=True)
@@ -125,10 +109,6 @@ class Checkpoint:
     def sha256(self) -> str:
         """SHA-256 of model.safetensors, streamed and cached per (file, size, mtime) in this process."""
         return file_sha256(self.weights_path)
-
-    def temperatures(self) -> Temperatures:
-        return clamp_temperatures(self.config.get("temperature", DEFAULT_TEMPERATURE),
-                                  self.config.get("temperature_by_options", {}))
 
 
 def open_checkpoint(source: str, revision: str | None = None, subfolder: str | None = None) -> Checkpoint:
@@ -205,8 +185,8 @@ def _validate(path: str, source: str, revision: str | None) -> Checkpoint:
     for rel, full in files.items():
         if not os.path.isfile(full):
             raise CheckpointError(full, "missing (a Laya checkpoint needs %s)" % ", ".join(files))
-    cfg = _read_json(files[CONFIG_FILE])
-    ecfg = _read_json(files[ENCODER_CONFIG_FILE])
+    cfg = read_json_object(files[CONFIG_FILE])
+    ecfg = read_json_object(files[ENCODER_CONFIG_FILE])
     head = _agent_fields(files[CONFIG_FILE], cfg)
     enc = _encoder_fields(files[ENCODER_CONFIG_FILE], ecfg)
     special = _special_tokens(path, enc["vocab_size"])
@@ -221,19 +201,6 @@ def _validate(path: str, source: str, revision: str | None) -> Checkpoint:
     return Checkpoint(path=path, source=source, revision=revision, config=cfg, encoder_config=ecfg,
                       tokenizer_dir=os.path.join(path, "tokenizer"), weights_path=files[WEIGHTS_FILE],
                       special=special, head_heads=head_heads, tensor_shapes=shapes, **head, **enc)
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(path, "unreadable: %s" % e) from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(path, "invalid JSON: %s" % e) from None
-    if not isinstance(obj, dict):
-        raise CheckpointError(path, "expected a JSON object, found %s" % type(obj).__name__)
-    return obj
 
 
 def _int(path: str, obj: dict, key: str, default: int | None = None, minimum: int = 1) -> int:
@@ -261,14 +228,7 @@ def _agent_fields(path: str, cfg: dict) -> dict:
     act_costs = cfg.get("act_costs", {})
     if not isinstance(act_costs, (dict, list)):
         raise CheckpointError(path, "'act_costs' must be a mapping (only its length is used), found %r" % (act_costs,))
-    temperature = cfg.get("temperature", DEFAULT_TEMPERATURE)
-    if not isinstance(temperature, list) or len(temperature) != 3:
-        raise CheckpointError(path, "'temperature' must be a list of 3 floats [choice, score, noul], found %r"
-                              % (temperature,))
-    by_options = cfg.get("temperature_by_options", {})
-    if not isinstance(by_options, dict):
-        raise CheckpointError(path, "'temperature_by_options' must be a mapping bucket -> float, found %r"
-                              % (by_options,))
+    raw_temperatures(cfg, path)   # shape only; the clamp (and its warning) is Temperatures.from_config's
     layout = cfg.get("option_layout", "sequential")
     if layout not in OPTION_LAYOUTS:
         raise CheckpointError(path, "'option_layout' must be one of %s, found %r" % (", ".join(OPTION_LAYOUTS),
@@ -327,11 +287,11 @@ def _special_tokens(path: str, vocab_size: int) -> SpecialTokens:
     """cls/sep/pad/mask strings from tokenizer_config.json (else special_tokens_map.json), ids from
     tokenizer.json (added tokens first, then the model vocabulary)."""
     cfg_path = os.path.join(path, TOKENIZER_CONFIG_FILE)
-    tcfg = _read_json(cfg_path)
+    tcfg = read_json_object(cfg_path)
     map_path = os.path.join(path, SPECIAL_TOKENS_MAP_FILE)
-    smap = _read_json(map_path) if os.path.isfile(map_path) else {}
+    smap = read_json_object(map_path) if os.path.isfile(map_path) else {}
     tok_path = os.path.join(path, TOKENIZER_FILE)
-    tok = _read_json(tok_path)
+    tok = read_json_object(tok_path)
     ids: dict[str, int] = {}
     vocab = (tok.get("model") or {}).get("vocab")
     if isinstance(vocab, dict):
@@ -378,47 +338,6 @@ def _check_tensors(path: str, expected: dict[str, tuple[int, ...]]) -> None:
         problems.append("%d tensor(s) with the wrong shape for the configs: %s" % (len(wrong), "; ".join(wrong[:5])))
     if problems:
         raise CheckpointError(path, " / ".join(problems))
-
-
-# --------------------------------------------------------------------------- temperatures
-
-def clamp_temperature(t: Any, lo: float = TEMP_MIN, hi: float = TEMP_MAX) -> float:
-    """Upstream `common.clamp_temperature`: t confined to [lo, hi]; 1.0 for non-numbers, bools, NaN, inf."""
-    if isinstance(t, bool):
-        return 1.0
-    try:
-        t = float(t)
-    except (TypeError, ValueError):
-        return 1.0
-    if t != t or t in (float("inf"), float("-inf")):
-        return 1.0
-    return min(hi, max(lo, t))
-
-
-def temperature_rejected(raw: Any, applied: float) -> bool:
-    """Upstream `common.temperature_rejected`: whether the clamp replaced `raw`."""
-    if isinstance(raw, bool):
-        return True
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        return True
-    return value != applied
-
-
-def clamp_temperatures(temperature: list, by_options: dict) -> Temperatures:
-    """Apply upstream's load-time clamp to a checkpoint's temperatures and name what it replaced."""
-    applied = [clamp_temperature(t) for t in temperature]
-    applied_by = {k: clamp_temperature(v) for k, v in by_options.items()}
-    entries = [(k, v, applied_by[k]) for k, v in by_options.items()]
-    entries += [("temperature[%d]" % i, t, applied[i]) for i, t in enumerate(temperature)]
-    replaced = ["%s=%r -> %g" % (name, raw, a) for name, raw, a in entries if temperature_rejected(raw, a)]
-    warning = None
-    if replaced:
-        warning = ("laya: this checkpoint ships invalid temperatures or values outside [%g, %g]; using %s. "
-                   "Treat confidence from the affected entries as uncalibrated."
-                   % (TEMP_MIN, TEMP_MAX, ", ".join(replaced)))
-    return Temperatures(temperature=applied, by_options=applied_by, replaced=replaced, warning=warning)
 
 
 # --------------------------------------------------------------------------- digests

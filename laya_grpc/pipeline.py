@@ -8,54 +8,46 @@ module (and decode) free of torch at import time.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Optional, Sequence
 
 from .confidence_gate import apply_gate, check_min_confidence
 from .decode import decode_answer
-from .errors import CheckpointError, Kind, LayaError
+from .errors import Kind, LayaError
+from .jsonfile import read_json_object
 from .packed_rows import PackedRows
 from .questions import Question, parse_questions
-from .temperatures import Temperatures
+from .sources import open_source
+from .temperatures import CONFIG_FILE, Temperatures
 
 MODEL_TAG = "laya-rl-agent"   # upstream's constant family tag, not the checkpoint name
 BACKENDS = ("torch", "mlx")
 
 
 def read_config(checkpoint_dir: str) -> dict:
-    path = os.path.join(checkpoint_dir, "rl_agent_config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(path, "file is missing") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(path, "cannot read JSON: %s" % e) from None
-    if not isinstance(cfg, dict):
-        raise CheckpointError(path, "must hold a JSON object")
-    return cfg
+    """`rl_agent_config.json` of `checkpoint_dir`, unvalidated (inference_svc.runners reads it so)."""
+    return read_json_object(os.path.join(checkpoint_dir, CONFIG_FILE))
 
 
 class Predictor:
     """One checkpoint, loaded once, answering `Agent.predict`-shaped calls."""
 
-    def __init__(self, checkpoint_dir: str, device: str = "cpu", backend: str = "torch",
+    def __init__(self, source: str, device: str = "cpu", backend: str = "torch",
                  dtype: Optional[str] = None):
+        """`source`: a checkpoint directory or hub id (`org/repo[/sub][@rev]`), validated as the
+        services validate it, so a bad checkpoint is one CheckpointError naming the file."""
         from inference_svc.runners import load_runner, pick_device
         from tokenizer_svc.encoding import TextEncoder
         if backend not in BACKENDS:
             raise LayaError(Kind.INVALID, "backend must be one of %s, got %r" % (list(BACKENDS), backend))
-        self.checkpoint_dir = checkpoint_dir
-        self.config = read_config(checkpoint_dir)
-        self.temperatures = Temperatures.from_config(self.config)
-        self.encoder = TextEncoder(os.path.join(checkpoint_dir, "tokenizer"),
-                                   max_len=self.config.get("max_len", 512),
-                                   head_max_len=self.config.get("head_max_len", 192),
-                                   parallel_layout=self.config.get("option_layout", "sequential") == "parallel")
+        self.checkpoint = open_source(source)
+        self.temperatures = Temperatures.from_config(self.checkpoint.config)
+        self.encoder = TextEncoder(self.checkpoint.tokenizer_dir, max_len=self.checkpoint.max_len,
+                                   head_max_len=self.checkpoint.head_max_len,
+                                   parallel_layout=self.checkpoint.parallel)
         # Offline there is no operator to notice a quiet CPU fallback: an absent device is an error.
         # "auto" is each runner's own default precision (fp32 on CPU and MLX, exact to upstream).
-        self.runner = load_runner(checkpoint_dir, backend, pick_device(device, backend, require=True).device,
+        self.runner = load_runner(self.checkpoint.path, backend, pick_device(device, backend, require=True).device,
                                   None if dtype == "auto" else dtype)
         self.device = self.runner.device()
 

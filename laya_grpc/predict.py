@@ -17,6 +17,7 @@ import traceback
 from typing import Any, BinaryIO, Optional, TextIO
 
 from . import flags
+from .controls import token_budget
 from .errors import Kind, LayaError
 
 EPILOG = ("Output: one compact JSON line per non-blank input line, in input order. "
@@ -27,7 +28,8 @@ EPILOG = ("Output: one compact JSON line per non-blank input line, in input orde
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     flags.add(parser, "--checkpoint", env="LAYA_CHECKPOINT", metavar="DIR",
-              help="checkpoint directory (rl_agent_config.json, model.safetensors, encoder/, tokenizer/)")
+              help="checkpoint directory (rl_agent_config.json, model.safetensors, encoder/, tokenizer/) "
+                   "or hub id org/repo[/subfolder][@revision]")
     flags.add(parser, "--device", env="LAYA_DEVICE", default="auto",
               help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (mlx: gpu or cpu); "
                    "an unavailable device is an error")
@@ -37,18 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
               help="auto = float32 on CPU (exact to upstream), 16-bit on GPUs; or float32, float16, bfloat16")
     parser.add_argument("requests", metavar="REQUESTS.jsonl|-",
                         help="file with one request body per line, or - for stdin")
-
-
-def _budget(body: dict, key: str) -> Optional[int]:
-    """`max_len`/`head_max_len`: null means unset; otherwise a positive int (serve's 422 texts)."""
-    val = body.get(key)
-    if val is None:
-        return None
-    if not isinstance(val, int) or isinstance(val, bool):
-        raise LayaError(Kind.INVALID, "%s must be an integer" % key)
-    if val <= 0:
-        raise LayaError(Kind.INVALID, "%s must be a positive integer" % key)
-    return val
 
 
 def answer_line(predictor: Any, text: bytes) -> dict:
@@ -68,8 +58,8 @@ def answer_line(predictor: Any, text: bytes) -> dict:
         raise LayaError(Kind.BAD_REQUEST, "'state' is required")
     if not isinstance(body["questions"], dict):
         raise LayaError(Kind.BAD_REQUEST, "'questions' must be an object")
-    return predictor.predict(body["state"], body["questions"], max_len=_budget(body, "max_len"),
-                             head_max_len=_budget(body, "head_max_len"),
+    return predictor.predict(body["state"], body["questions"], max_len=token_budget(body, "max_len"),
+                             head_max_len=token_budget(body, "head_max_len"),
                              min_confidence=body.get("min_confidence"))
 
 

@@ -11,11 +11,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import Kind, LayaError
+from .errors import CheckpointError
 
+CONFIG_FILE = "rl_agent_config.json"
 QTYPE_NAMES = ("choice", "score", "noul")   # index = qtype id fed to the network
 TEMP_MIN = 0.5
 TEMP_MAX = 5.0
+DEFAULT_TEMPERATURE = (1.0, 1.0, 1.0)   # upstream's value when a config has no `temperature`
 
 
 def option_bucket(qtype: int, k: int) -> str:
@@ -37,8 +39,9 @@ def clamp_temperature(t: Any, lo: float = TEMP_MIN, hi: float = TEMP_MAX) -> flo
     return min(hi, max(lo, t))
 
 
-def _rejected(raw: Any, applied: float) -> bool:
-    """Whether `raw` is not the number the clamp turned into `applied` (a bool always is)."""
+def temperature_rejected(raw: Any, applied: float) -> bool:
+    """Upstream `common.temperature_rejected`: whether `raw` is not the number the clamp turned into
+    `applied` (a bool always is)."""
     if isinstance(raw, bool):
         return True
     try:
@@ -46,6 +49,23 @@ def _rejected(raw: Any, applied: float) -> bool:
     except (TypeError, ValueError):
         return True
     return value != applied
+
+
+def raw_temperatures(rl_agent_config: dict, path: str = CONFIG_FILE) -> tuple[list, dict]:
+    """`temperature` and `temperature_by_options` as shipped (upstream's defaults when absent).
+
+    Their shape is checked here, once for every reader: `open_checkpoint` passes the file's full
+    path so the CheckpointError names it; a config already in memory names the file alone.
+    """
+    raw = rl_agent_config.get("temperature", list(DEFAULT_TEMPERATURE))
+    if not isinstance(raw, (list, tuple)) or len(raw) != 3:
+        raise CheckpointError(path, "'temperature' must be a list of 3 floats [choice, score, noul], found %r"
+                              % (raw,))
+    by_raw = rl_agent_config.get("temperature_by_options", {})
+    if not isinstance(by_raw, dict):
+        raise CheckpointError(path, "'temperature_by_options' must be a mapping bucket -> float, found %r"
+                              % (by_raw,))
+    return list(raw), by_raw
 
 
 @dataclass(frozen=True)
@@ -56,21 +76,14 @@ class Temperatures:
 
     @classmethod
     def from_config(cls, rl_agent_config: dict) -> "Temperatures":
-        raw = rl_agent_config.get("temperature", [1.0, 1.0, 1.0])
-        if not isinstance(raw, (list, tuple)) or len(raw) != 3:
-            raise LayaError(Kind.CHECKPOINT, "rl_agent_config.json: temperature must be a list of 3 "
-                                             "floats, got %r" % (raw,))
-        by_raw = rl_agent_config.get("temperature_by_options", {})
-        if not isinstance(by_raw, dict):
-            raise LayaError(Kind.CHECKPOINT, "rl_agent_config.json: temperature_by_options must be a "
-                                             "mapping of bucket -> float, got %r" % (by_raw,))
+        raw, by_raw = raw_temperatures(rl_agent_config)
         per_type = tuple(clamp_temperature(t) for t in raw)
         by_options = {k: clamp_temperature(v) for k, v in by_raw.items()}
         # Same entries, order and text as upstream's load-time warning.
         entries = [(k, v, by_options[k]) for k, v in by_raw.items()]
         entries += [("temperature[%d]" % i, t, per_type[i]) for i, t in enumerate(raw)]
         rejected = ["%s=%r -> %g" % (name, r, applied) for name, r, applied in entries
-                    if _rejected(r, applied)]
+                    if temperature_rejected(r, applied)]
         if rejected:
             warnings.warn(
                 "laya: this checkpoint ships invalid temperatures or values outside [%g, %g]; "

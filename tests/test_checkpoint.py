@@ -18,11 +18,11 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from laya_grpc import cli
-from laya_grpc.checkpoint import (
-    PINNED_REVISIONS, clamp_temperature, clamp_temperatures, open_checkpoint, temperature_rejected)
+from laya_grpc.checkpoint import PINNED_REVISIONS, open_checkpoint
 from laya_grpc.checkpoint_shapes import Dims, parameter_count, tensor_shapes
 from laya_grpc.errors import CheckpointError, Kind
 from laya_grpc.make_checkpoint import PRESETS, make_checkpoint
+from laya_grpc.temperatures import Temperatures, clamp_temperature, temperature_rejected
 
 QUESTIONS = {
     "dept": {"type": "choice", "instructions": "Which department should handle this ticket?",
@@ -84,9 +84,10 @@ def test_our_reading_matches_upstreams_model(preset_ckpt, upstream_agent):
     assert (sp.cls_id, sp.sep_id, sp.pad_id, sp.mask_id) == (
         tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.mask_token_id)
     assert (ck.max_len, ck.head_max_len) == (agent.cfg["max_len"], agent.cfg["head_max_len"])
-    t = ck.temperatures()
-    assert t.temperature == agent.temperature and t.by_options == agent.temperature_by_options
-    assert t.replaced == [] and t.warning is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # nothing to replace: no warning
+        t = Temperatures.from_config(ck.config)
+    assert list(t.per_type) == agent.temperature and t.by_options == agent.temperature_by_options
 
 
 def test_upstream_load_leaves_the_files_unchanged(tiny_ml_ckpt, upstream_agent, tmp_path):
@@ -362,11 +363,17 @@ def test_clamped_checkpoint_temperatures_and_warning_match_upstream(tiny_ckpt, t
         import laya
         agent = laya.load(root, device="cpu")
     up_warning = [str(w.message) for w in caught if "invalid temperatures" in str(w.message)]
-    t = open_checkpoint(root).temperatures()
-    assert t.temperature == agent.temperature and t.by_options == agent.temperature_by_options
-    assert t.replaced == ["choice:11+=0.1006 -> 0.5", "temperature[1]=9.0 -> 5"]
-    assert up_warning == [t.warning]
-    assert clamp_temperatures([1, 1, 1], {}).warning is None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t = Temperatures.from_config(open_checkpoint(root).config)
+    our_warning = [str(w.message) for w in caught]
+    assert [w.category for w in caught] == [RuntimeWarning]
+    assert list(t.per_type) == agent.temperature and t.by_options == agent.temperature_by_options
+    assert "; using choice:11+=0.1006 -> 0.5, temperature[1]=9.0 -> 5. Treat" in our_warning[0]
+    assert up_warning == our_warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Temperatures.from_config({"temperature": [1, 1, 1]})
 
 
 def test_sha256_is_the_file_digest_and_cached(tiny_ckpt):

@@ -182,11 +182,11 @@ def test_temperature_buckets_and_clamping_match_upstream():
         assert clamp_temperature(raw) == up_clamp(raw)
 
 
-def test_clamping_warning_is_upstreams(tmp_path):
+def test_clamping_warning_is_upstreams(tiny_ckpt, tmp_path):
     """Upstream warns at load, naming every replaced entry; compared with a real `laya.load`."""
     import laya
-    from laya_grpc.make_checkpoint import make_checkpoint
-    ckpt = make_checkpoint(str(tmp_path / "ckpt"), "tiny")
+    ckpt = str(tmp_path / "ckpt")
+    shutil.copytree(tiny_ckpt, ckpt)
     path = os.path.join(ckpt, "rl_agent_config.json")
     with open(path) as f:
         cfg = json.load(f)

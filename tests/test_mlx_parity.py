@@ -23,7 +23,6 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from inference_svc.mlx_model import LayaMLX  # noqa: E402
 from laya_grpc.errors import CheckpointError, Kind, LayaError  # noqa: E402
-from laya_grpc.make_checkpoint import make_checkpoint  # noqa: E402
 
 PRESETS = ("tiny", "tiny-ml", "tiny-par")
 FP32_TOL = 1e-4
@@ -75,9 +74,9 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module", params=PRESETS)
-def case(request, tmp_path_factory):
-    path = make_checkpoint(str(tmp_path_factory.mktemp(request.param) / "ckpt"), request.param)
-    agent = laya.load(path, device="cpu")
+def case(request, tiny_ckpt, tiny_ml_ckpt, tiny_par_ckpt, upstream_agent):
+    path = {"tiny": tiny_ckpt, "tiny-ml": tiny_ml_ckpt, "tiny-par": tiny_par_ckpt}[request.param]
+    agent = upstream_agent(path)
     batches = [_batch(agent, GROUPS), _batch(agent, [(s, ["c1"]) for s, _ in GROUPS])]
     assert ("option_ids" in batches[0]) == (request.param == "tiny-par")
     return path, [(_inputs(b), _upstream(agent, b)) for b in batches]

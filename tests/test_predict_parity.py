@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -21,8 +22,6 @@ import numpy as np
 import pytest
 
 laya = pytest.importorskip("laya")
-
-from laya_grpc.make_checkpoint import make_checkpoint  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-4 + 1e-9
@@ -172,29 +171,30 @@ def upstream_threads():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="module")
+def ckpts(tiny_ckpt, tiny_ml_ckpt, tiny_par_ckpt, tmp_path_factory) -> dict:
+    """The session fixtures by name, plus `tiny-clamped`: a tiny copy whose temperatures need clamping."""
+    clamped = str(tmp_path_factory.mktemp("ckpt") / "tiny-clamped")
+    shutil.copytree(tiny_ckpt, clamped)
+    cfg_path = os.path.join(clamped, "rl_agent_config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg.update(CLAMPED_TEMPERATURES)
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    return {"tiny": tiny_ckpt, "tiny-ml": tiny_ml_ckpt, "tiny-par": tiny_par_ckpt, "tiny-clamped": clamped}
+
+
 @pytest.fixture(scope="module", params=["tiny", "tiny-ml", "tiny-par", "tiny-clamped", "tiny-ml/mlx"])
-def checkpoint(request, tmp_path_factory, upstream_threads):
+def checkpoint(request, ckpts, upstream_threads):
     """(name, checkpoint dir, backend); `/mlx` runs our MLX network instead of torch."""
     name, _, backend = request.param.partition("/")
     if backend == "mlx":
         pytest.importorskip("mlx.core")
-    return request.param, _make(name, tmp_path_factory), backend or "torch"
+    return request.param, ckpts[name], backend or "torch"
 
 
-def _make(name: str, tmp_path_factory) -> str:
-    preset = "tiny" if name == "tiny-clamped" else name
-    path = make_checkpoint(str(tmp_path_factory.mktemp("ckpt") / name), preset)
-    if name == "tiny-clamped":
-        cfg_path = os.path.join(path, "rl_agent_config.json")
-        with open(cfg_path) as f:
-            cfg = json.load(f)
-        cfg.update(CLAMPED_TEMPERATURES)
-        with open(cfg_path, "w") as f:
-            json.dump(cfg, f)
-    return path
-
-
-def test_predict_matches_upstream(checkpoint, tmp_path):
+def test_predict_matches_upstream(checkpoint, tmp_path, upstream_agent):
     name, path, backend = checkpoint
     requests = _requests(seed=sum(map(ord, name)))
     lines, expect = [], []          # expect: ("ok", body) or ("error", status, detail)
@@ -220,9 +220,7 @@ def test_predict_matches_upstream(checkpoint, tmp_path):
     assert len(out) == len(expect), proc.stderr.decode()[-3000:]
     assert b"loaded" in proc.stderr
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        agent = laya.load(path, device="cpu")
+    agent = upstream_agent(path)
     dps: list[float] = []
     n_ok = n_err = n_refused = 0
     line_numbers = [n for n, text in enumerate(lines, start=1) if text.strip()]
@@ -258,8 +256,8 @@ def test_predict_matches_upstream(checkpoint, tmp_path):
           % (name, n_ok, n_refused, len(dps), max(dps), n_err))
 
 
-def test_predict_reads_stdin_and_exits_zero_when_all_answered(tmp_path_factory, upstream_threads):
-    path = _make("tiny", tmp_path_factory)
+def test_predict_reads_stdin_and_exits_zero_when_all_answered(ckpts, upstream_threads, upstream_agent):
+    path = ckpts["tiny"]
     body = {"state": "refund please", "questions": {"r": {"type": "noul", "instructions": "Refund?"}},
             "min_confidence": 0.2}
     proc = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "predict", "-"],
@@ -267,26 +265,21 @@ def test_predict_reads_stdin_and_exits_zero_when_all_answered(tmp_path_factory, 
                           env=_env(LAYA_CHECKPOINT=path, LAYA_DEVICE="cpu"))
     assert proc.returncode == 0, proc.stderr.decode()
     (line,) = proc.stdout.decode().splitlines()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = laya.load(path, device="cpu").predict(body["state"], body["questions"], min_confidence=0.2)
+    theirs = upstream_agent(path).predict(body["state"], body["questions"], min_confidence=0.2)
     _compare(_pairs(line), _pairs(json.dumps(theirs)), "stdin", [])
     assert list(json.loads(line)["answers"]["r"])[-2:] == ["abstention", "abstention_threshold"]
 
 
-def test_predictor_batch_matches_upstream_batch(tmp_path_factory, upstream_threads):
+def test_predictor_batch_matches_upstream_batch(ckpts, upstream_threads, upstream_agent):
     """In process: `Predictor.predict_batch` (all states in one forward) vs `Agent.predict_batch`."""
     from laya_grpc.pipeline import Predictor
-    path = _make("tiny-ml", tmp_path_factory)
+    path = ckpts["tiny-ml"]
     rng = np.random.default_rng(11)
     states = [_state(rng) for _ in range(7)]
     questions = {"c": _question(rng, "choice", 6), "s": _question(rng, "score", 4), "n": _question(rng, "noul", 2)}
     ours = Predictor(path, device="cpu").predict_batch(states, questions, max_len=300,
                                                        min_confidence={"default": 0.4})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = laya.load(path, device="cpu").predict_batch(states, questions, max_len=300,
-                                                             min_confidence={"default": 0.4})
+    theirs = upstream_agent(path).predict_batch(states, questions, max_len=300, min_confidence={"default": 0.4})
     dps: list[float] = []
     _compare(_pairs(json.dumps(ours)), _pairs(json.dumps(theirs)), "batch", dps)
     assert len(ours) == 7 and len(dps) > 100

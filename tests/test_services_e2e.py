@@ -37,9 +37,21 @@ STATES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def stack(tiny_ckpt, tiny_ml_ckpt):
-    with Stack({"english": tiny_ckpt, "multilingual": tiny_ml_ckpt}) as s:
+def _backends():
+    out = ["torch"]
+    try:
+        import mlx.core  # noqa: F401
+        out.append("mlx")
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.fixture(scope="module", params=_backends())
+def stack(request, tiny_ckpt, tiny_ml_ckpt):
+    """The same tests run against the torch and the MLX backend (MLX runs on the CPU on Linux)."""
+    with Stack({"english": tiny_ckpt, "multilingual": tiny_ml_ckpt}, extra_args=["--backend", request.param]) as s:
+        s.backend = request.param
         yield s
 
 
@@ -79,10 +91,11 @@ def test_ready_health_reports_live_facts(stack):
     h = stack.health()
     assert h["ready"] is True and h["status"] == "ok"
     assert sorted(h["loaded"]) == ["english", "multilingual"]
-    assert h["device"] == "cpu" and h["device_is_preference"] is False
+    assert h["device"] in ("cpu", "mlx:cpu") and h["device_is_preference"] is False
     for name in ("english", "multilingual"):
         c = h["checkpoints"][name]
-        assert c["state"] == "ready" and c["device"] == "cpu" and c["dtype"] == "float32"
+        assert c["state"] == "ready" and c["backend"] == stack.backend and c["dtype"] == "float32"
+        assert c["device"] == ("cpu" if stack.backend == "torch" else "mlx:cpu")
         assert c["warmup_ms"] > 0 and len(c["sha256"]) == 64 and c["device_fallback"] is False
 
 
@@ -193,9 +206,9 @@ def test_status_stream_heartbeats_and_sees_a_killed_child_come_back(stack):
     assert status == 200, body
 
 
-def test_watch_sees_warming_then_ready(tiny_ckpt):
-    """A subscriber attached before readiness sees the checkpoint warm up, then the stack ready."""
-    s = Stack({"english": tiny_ckpt}, wait=False)
+def test_watch_sees_warming_then_ready(tiny_ckpt, tiny_ml_ckpt):
+    """A subscriber attached before readiness sees the checkpoints warm up, then the stack ready."""
+    s = Stack({"english": tiny_ckpt, "multilingual": tiny_ml_ckpt}, wait=False)
     states: list = []
     s.__enter__()
     try:
@@ -218,3 +231,39 @@ def test_watch_sees_warming_then_ready(tiny_ckpt):
         assert any(x in (S.LOADING, S.WARMING) for x in states[:first_ready]), states
     finally:
         s.__exit__(None, None, None)
+
+
+def test_on_demand_checkpoint_is_prepared_and_lru_evicted(tiny_ckpt, tiny_ml_ckpt):
+    """--max-loaded 1: a request routed to the other checkpoint prepares it (shown as preparing),
+    evicts the least recently used one, and is answered; several tokenizer workers share the load."""
+    args = ["--max-loaded", "1", "--preload", "english", "--tokenizer-workers", "2"]
+    with Stack({"english": tiny_ckpt, "multilingual": tiny_ml_ckpt}, extra_args=args) as s:
+        h = s.health()
+        assert h["checkpoints"]["english"]["state"] == "ready"
+        assert h["checkpoints"]["multilingual"]["state"] == "configured"
+        assert sum(1 for k in h["services"] if k.startswith("tokenizer@")) == 2
+        seen: list = []
+        stop = threading.Event()
+
+        def subscribe():
+            with LayaClient(s.grpc) as c:
+                for ev in c.watch(heartbeat_s=0.2):
+                    for svc in ev.services:
+                        seen.extend((cp.name, cp.state) for cp in svc.checkpoints)
+                    if stop.is_set():
+                        return
+        t = threading.Thread(target=subscribe, daemon=True)
+        t.start()
+        time.sleep(0.5)
+        status, body, _ = s.post("/v1/systemone", {"state": STATES[1], "questions": {"u": QUESTIONS["urgent"]}})
+        assert status == 200 and body["routing"]["model"] == "multilingual", body
+        time.sleep(0.6)
+        stop.set()
+        assert ("multilingual", S.PREPARING) in seen
+        h = s.health()
+        assert h["checkpoints"]["multilingual"]["state"] == "ready"
+        assert h["checkpoints"]["english"]["state"] == "configured"
+        assert "evicted" in h["checkpoints"]["english"]["detail"]
+        for _ in range(2):  # back and forth, each answered
+            assert s.post("/v1/systemone", {"state": STATES[0], "questions": QUESTIONS})[0] == 200
+            assert s.post("/v1/systemone", {"state": STATES[1], "questions": QUESTIONS})[0] == 200

@@ -14,7 +14,6 @@ import pytest
 laya = pytest.importorskip("laya")
 
 from laya_grpc.errors import Kind, LayaError  # noqa: E402
-from laya_grpc.make_checkpoint import make_checkpoint  # noqa: E402
 from laya_grpc.questions import parse_questions  # noqa: E402
 from tokenizer_svc.encoding import TextEncoder  # noqa: E402
 
@@ -103,12 +102,10 @@ CASES: list[tuple[str, object, dict, dict]] = [
 
 
 @pytest.fixture(scope="module", params=PRESETS)
-def pair(request, tmp_path_factory):
-    """(upstream Agent, our TextEncoder) on one freshly generated fixture checkpoint."""
-    path = make_checkpoint(str(tmp_path_factory.mktemp("ckpt") / request.param), request.param)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        agent = laya.load(path, device="cpu")
+def pair(request, tiny_ckpt, tiny_ml_ckpt, tiny_par_ckpt, upstream_agent):
+    """(upstream Agent, our TextEncoder) on one session fixture checkpoint."""
+    path = {"tiny": tiny_ckpt, "tiny-ml": tiny_ml_ckpt, "tiny-par": tiny_par_ckpt}[request.param]
+    agent = upstream_agent(path)
     enc = TextEncoder(path + "/tokenizer", max_len=agent.cfg.get("max_len", 512),
                       head_max_len=agent.cfg.get("head_max_len", 192), parallel_layout=agent.parallel_options)
     return agent, enc

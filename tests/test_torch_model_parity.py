@@ -4,8 +4,8 @@ Upstream encodes and collates the rows itself (`Agent._encode_state` + `collate_
 `agent.model` on CPU fp32; the same tensors go through LayaTorch. Rows cover padding, 1..14
 markers, a single-marker batch (K=1), states far beyond the sliding window (tiny's
 local_attention is 16) and rows cut at max_len, the Gemma-like tokenizer (tiny-ml) and the
-parallel option layout (tiny-par). Our collate must rebuild upstream's arrays exactly, and a
-damaged weight file must fail at load with the tensor named.
+parallel option layout (tiny-par). `PackedRows.pad` (what production pads with) must rebuild
+upstream's arrays exactly, and a damaged weight file must fail at load with the tensor named.
 """
 from __future__ import annotations
 
@@ -23,11 +23,10 @@ torch = pytest.importorskip("torch")
 from laya.common import collate_items  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from inference_svc.collate import collate  # noqa: E402
 from inference_svc.devices import resolve_device  # noqa: E402
 from inference_svc.torch_model import LayaTorch  # noqa: E402
 from laya_grpc.errors import CheckpointError, Kind, LayaError  # noqa: E402
-from laya_grpc.make_checkpoint import make_checkpoint  # noqa: E402
+from laya_grpc.packed_rows import PackedRows  # noqa: E402
 
 PRESETS = ("tiny", "tiny-ml", "tiny-par")
 TOL = 1e-4
@@ -61,9 +60,9 @@ def _run(model, b: dict):
 
 
 @pytest.fixture(scope="module", params=PRESETS)
-def case(request, tmp_path_factory):
-    path = make_checkpoint(str(tmp_path_factory.mktemp(request.param) / "ckpt"), request.param)
-    agent = laya.load(path, device="cpu")
+def case(request, tiny_ckpt, tiny_ml_ckpt, tiny_par_ckpt, upstream_agent):
+    path = {"tiny": tiny_ckpt, "tiny-ml": tiny_ml_ckpt, "tiny-par": tiny_par_ckpt}[request.param]
+    agent = upstream_agent(path)
     groups = [_groups(agent, QUESTIONS), _groups(agent, {"c1": QUESTIONS["c1"]})]
     return request.param, path, agent, groups
 
@@ -94,7 +93,7 @@ def test_forward_matches_upstream(case):
         assert torch.equal(our_l[~b["marker_mask"]], torch.full_like(our_l[~b["marker_mask"]], -1e4))
 
 
-def test_collate_matches_upstream(case):
+def test_packed_rows_pad_matches_upstream_collate(case):
     _, _, agent, groups = case
     for g in groups:
         ref = collate_items(g, agent.tok.pad_token_id)
@@ -102,7 +101,7 @@ def test_collate_matches_upstream(case):
                                 position_ids=it["layout"]["position_ids"] if "layout" in it else None,
                                 option_ids=it["layout"]["option_ids"] if "layout" in it else None)
                 for grp in g for it in grp]
-        ours = collate(rows, agent.tok.pad_token_id)
+        ours = PackedRows.from_rows(rows).pad(agent.tok.pad_token_id)
         keys = INPUTS + (("position_ids", "option_ids") if "option_ids" in ref else ())
         assert set(ours) == set(keys)
         for k in keys:
@@ -138,8 +137,9 @@ def test_bf16_declared_encoder_matches_upstream(case, tmp_path):
     ("reshape", "wrong shapes: scorer.1.weight"),
     ("extra", "unexpected tensors: encoder.layers.9.attn.Wo.weight"),
 ])
-def test_damaged_weights_are_refused(tmp_path, damage, named):
-    path = make_checkpoint(str(tmp_path / "ckpt"), "tiny")
+def test_damaged_weights_are_refused(tiny_ckpt, tmp_path, damage, named):
+    path = str(tmp_path / "ckpt")
+    shutil.copytree(tiny_ckpt, path)
     weights = path + "/model.safetensors"
     tensors = load_file(weights)
     if damage == "drop":
@@ -155,8 +155,9 @@ def test_damaged_weights_are_refused(tmp_path, damage, named):
     assert named in err.value.detail and "model.safetensors" in err.value.detail
 
 
-def test_missing_weight_file_and_bad_config_are_refused(tmp_path):
-    path = make_checkpoint(str(tmp_path / "ckpt"), "tiny")
+def test_missing_weight_file_and_bad_config_are_refused(tiny_ckpt, tmp_path):
+    path = str(tmp_path / "ckpt")
+    shutil.copytree(tiny_ckpt, path)
     cfg_path = tmp_path / "ckpt" / "encoder" / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg_path.write_text(json.dumps({**cfg, "hidden_activation": "gelu_new"}))

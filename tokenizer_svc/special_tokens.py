@@ -11,13 +11,13 @@ be a guess and a wrong guess shifts every token id silently.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 
 from tokenizers import AddedToken, Tokenizer
 
 from laya_grpc.errors import CheckpointError
+from laya_grpc.jsonfile import read_json_object
 
 # Classes whose transformers-5 tokenizer is exactly the `tokenizer.json` backend (laya's own
 # `_fix_tokenizer_config` rewrites "TokenizersBackend"/missing to "PreTrainedTokenizerFast").
@@ -49,17 +49,6 @@ def _content(value) -> str | None:
     return str(value)
 
 
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(path, "cannot read JSON (%s)" % e) from None
-    if not isinstance(data, dict):
-        raise CheckpointError(path, "must hold a JSON object")
-    return data
-
-
 def load_tokenizer(tokenizer_dir: str) -> LoadedTokenizer:
     """Parse `tokenizer_dir` into a ready `Tokenizer` plus its resolved special tokens."""
     tok_file = os.path.join(tokenizer_dir, "tokenizer.json")
@@ -73,7 +62,7 @@ def load_tokenizer(tokenizer_dir: str) -> LoadedTokenizer:
         tok = Tokenizer.from_str(raw.decode("utf-8"))
     except Exception as e:  # the Rust parser raises plain Exception subclasses
         raise CheckpointError(tok_file, "not a tokenizers serialization (%s)" % e) from None
-    cfg = _read_json(cfg_file)
+    cfg = read_json_object(cfg_file)
     if cfg.get("tokenizer_class") not in _BACKEND_CLASSES:
         raise CheckpointError(cfg_file, "tokenizer_class %r makes transformers rebuild the tokenizer instead of "
                               "reading tokenizer.json; only %s are supported"
@@ -82,7 +71,7 @@ def load_tokenizer(tokenizer_dir: str) -> LoadedTokenizer:
     map_file = os.path.join(tokenizer_dir, "special_tokens_map.json")
     if "added_tokens_decoder" not in cfg and os.path.exists(map_file):
         # transformers' legacy path: the map's entries override the config's
-        specials.update(_read_json(map_file))
+        specials.update(read_json_object(map_file))
 
     backend_decoder = tok.get_added_tokens_decoder()
     backend_added = {t.content for t in backend_decoder.values()}
