@@ -15,7 +15,7 @@ extras=""
 if [ "${1:-}" = "--dev" ]; then
   extras="[dev,hub]"
   # MLX: Apple Silicon gets the Metal build, Linux the CPU build (used by the parity tests).
-  if [ "$(uname -s)" = "Darwin" ]; then .venv/bin/python -m pip install -q "mlx>=0.20"; else .venv/bin/python -m pip install -q "mlx[cpu]>=0.20"; fi
+  if [ "$(uname -s)" = "Darwin" ]; then .venv/bin/python -m pip install -q "mlx>=0.22"; else .venv/bin/python -m pip install -q "mlx[cpu]>=0.22"; fi
 fi
 .venv/bin/python -m pip install -q -e ".${extras}"
 echo "ok: $(.venv/bin/laya-grpc --version)"

@@ -12,6 +12,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import warnings
 
 import numpy as np

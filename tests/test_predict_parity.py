@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
@@ -268,6 +267,25 @@ def test_predict_reads_stdin_and_exits_zero_when_all_answered(ckpts, upstream_th
     theirs = upstream_agent(path).predict(body["state"], body["questions"], min_confidence=0.2)
     _compare(_pairs(line), _pairs(json.dumps(theirs)), "stdin", [])
     assert list(json.loads(line)["answers"]["r"])[-2:] == ["abstention", "abstention_threshold"]
+
+
+@pytest.mark.parametrize("corrupt, problem", [
+    ('{not json', "rl_agent_config.json: invalid JSON"),
+    ('{"encoder": "x", "head_layers": 2, "option_layout": "diagonal"}', "rl_agent_config.json: 'option_layout'"),
+])
+def test_bad_checkpoint_is_exit_2_naming_the_file(tiny_ckpt, tmp_path, capsys, corrupt, problem):
+    """Checked as strictly as the services check it (an unknown layout is no quiet fallback)."""
+    from laya_grpc import cli
+    root = str(tmp_path / "bad")
+    shutil.copytree(tiny_ckpt, root)
+    with open(os.path.join(root, "rl_agent_config.json"), "w") as f:
+        f.write(corrupt)
+    assert cli.main(["predict", "--checkpoint", root, "--device", "cpu", "-"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("laya-grpc predict: %s/%s" % (root, problem)), captured.err
+    assert captured.out == ""
+    assert cli.main(["predict", "--checkpoint", str(tmp_path / "nope"), "-"]) == 2
+    assert "no such checkpoint directory" in capsys.readouterr().err
 
 
 def test_predictor_batch_matches_upstream_batch(ckpts, upstream_threads, upstream_agent):

@@ -267,3 +267,13 @@ def test_on_demand_checkpoint_is_prepared_and_lru_evicted(tiny_ckpt, tiny_ml_ckp
         for _ in range(2):  # back and forth, each answered
             assert s.post("/v1/systemone", {"state": STATES[0], "questions": QUESTIONS})[0] == 200
             assert s.post("/v1/systemone", {"state": STATES[1], "questions": QUESTIONS})[0] == 200
+
+
+def test_readme_curl_example_is_answered(stack):
+    """The README's quickstart request, taken from the README itself, gets a 200 with all three answers."""
+    import re
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    body = re.search(r"curl -s http://127\.0\.0\.1:8000/v1/systemone -d '(.*?)'\n", text, re.S).group(1)
+    status, out, _ = stack.post("/v1/systemone", None, raw=body.encode())
+    assert status == 200, out
+    assert list(out["answers"]) == ["intent", "urgency", "angry"]

@@ -7,7 +7,6 @@ upstream ValueError must come back as the same text (LayaError INVALID).
 """
 from __future__ import annotations
 
-import warnings
 
 import pytest
 

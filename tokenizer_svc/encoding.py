@@ -49,6 +49,15 @@ class EncodedState:
     usage: dict              # upstream's usage block for this state
 
 
+@dataclass
+class EncodeJob:
+    """One request's worth of work: its states and their shared questions and budgets."""
+    states: list
+    questions: list
+    max_len: Optional[int] = None
+    head_max_len: Optional[int] = None
+
+
 @dataclass(frozen=True)
 class _Head:
     ids: tuple[int, ...]
@@ -149,37 +158,62 @@ class TextEncoder:
     def encode_many(self, states: list, questions: list[Question], max_len: Optional[int] = None,
                     head_max_len: Optional[int] = None) -> list[EncodedState]:
         """One `EncodedState` per state, each exactly what upstream builds for it alone."""
-        max_len = self.max_len if max_len is None else max_len
-        head_max_len = self.head_max_len if head_max_len is None else head_max_len
-        if not questions:
-            return [EncodedState(rows=[], usage={"input_tokens": 0, "output_tokens": 0}) for _ in states]
-        texts = [self._scrub(serialize_state(s)) for s in states]
+        out = self.encode_jobs([EncodeJob(list(states), questions, max_len, head_max_len)])[0]
+        if isinstance(out, LayaError):
+            raise out
+        return out
+
+    def encode_jobs(self, jobs: Sequence["EncodeJob"]) -> list:
+        """Several independent requests through ONE `encode_batch` call (the tokenizer service
+        batches concurrent requests this way). Per job: its EncodedStates, or the LayaError that
+        job alone fails with; one bad request never fails the others."""
+        texts: list[str] = []
+        plans = []
+        missing: dict[tuple, tuple[Question, int]] = {}
         heads: dict[tuple, _Head] = {}
-        missing: dict[tuple, Question] = {}
         with self._lock:
-            for q in questions:
-                key = self._head_key(q, head_max_len)
-                head = self._heads.get(key)
-                if head is not None:
-                    self._heads.move_to_end(key)
-                    heads[key] = head
-                elif key not in missing:
-                    missing[key] = q
+            for job in jobs:
+                hml = self.head_max_len if job.head_max_len is None else job.head_max_len
+                for q in job.questions:
+                    key = self._head_key(q, hml)
+                    head = self._heads.get(key)
+                    if head is not None:
+                        self._heads.move_to_end(key)
+                        heads[key] = head
+                    elif key not in missing:
+                        missing[key] = (q, hml)
+        for job in jobs:
+            first = len(texts)
+            if job.questions:
+                texts.extend(self._scrub(serialize_state(s)) for s in job.states)
+            plans.append(first)
         spans = []
-        for key, q in missing.items():
+        for key, (q, hml) in missing.items():
             head_texts = self._head_texts(q)
-            spans.append((key, len(texts), len(texts) + len(head_texts)))
+            spans.append((key, hml, len(texts), len(texts) + len(head_texts)))
             texts.extend(head_texts)
         encoded = self._encode_texts(texts)
         if spans:
             with self._lock:
-                for key, a, b in spans:
-                    heads[key] = self._build_head(encoded[a:b], head_max_len)
+                for key, hml, a, b in spans:
+                    heads[key] = self._build_head(encoded[a:b], hml)
                     self._heads[key] = heads[key]
                     while len(self._heads) > _HEAD_CACHE_SIZE:
                         self._heads.popitem(last=False)
-        return [self._assemble(state, encoded[i], questions, heads, max_len, head_max_len)
-                for i, state in enumerate(states)]
+        results: list = []
+        for job, first in zip(jobs, plans):
+            if not job.questions:
+                results.append([EncodedState(rows=[], usage={"input_tokens": 0, "output_tokens": 0})
+                                for _ in job.states])
+                continue
+            ml = self.max_len if job.max_len is None else job.max_len
+            hml = self.head_max_len if job.head_max_len is None else job.head_max_len
+            try:
+                results.append([self._assemble(state, encoded[first + i], job.questions, heads, ml, hml)
+                                for i, state in enumerate(job.states)])
+            except LayaError as e:
+                results.append(e)
+        return results
 
     def _assemble(self, state: Any, state_ids: list[int], questions: list[Question], heads: dict,
                   max_len: int, head_max_len: int) -> EncodedState:

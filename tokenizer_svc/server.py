@@ -14,6 +14,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Optional
 
 from laya_grpc import flags, rpc
 from laya_grpc.errors import Kind, LayaError
@@ -23,7 +24,8 @@ from laya_grpc.questions import parse_questions
 from laya_grpc.sources import open_source, parse_checkpoint_specs
 from laya_proto.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 
-from .encoding import TextEncoder
+from .encoding import EncodeJob, TextEncoder
+from .microbatch import MicroBatcher
 from .wire import question_from_text
 
 log = logging.getLogger("tokenizer_svc")
@@ -37,6 +39,7 @@ class LoadedTokenizer:
     max_len: int
     head_max_len: int
     parallel: bool
+    batcher: Optional[MicroBatcher] = None
 
 
 def load_tokenizers(sources: dict) -> dict:
@@ -76,8 +79,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
         max_len = request.max_len if request.HasField("max_len") else None
         head_max_len = request.head_max_len if request.HasField("head_max_len") else None
         t0 = time.perf_counter()
-        encoded = await asyncio.get_running_loop().run_in_executor(
-            self.pool, lambda: tok.encoder.encode_many(states, questions, max_len=max_len, head_max_len=head_max_len))
+        if tok.batcher is None:
+            tok.batcher = MicroBatcher(tok.encoder, self.pool)
+        encoded = await tok.batcher.encode(EncodeJob(states, questions, max_len, head_max_len))
         rows = PackedRows.from_rows([r for e in encoded for r in e.rows], tok.encoder.fingerprint)
         resp = tokenizer_pb2.TokenizeResponse(rows_per_state=len(questions),
                                               usage_json=[json.dumps(e.usage, ensure_ascii=False) for e in encoded],
