@@ -18,6 +18,7 @@ from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
 
+from .admission import MAX_BODY_BYTES, TOO_LARGE_DETAIL
 from .contract import parse_batch_body, parse_decide_body
 from .decider import Decider
 from .render import render_json
@@ -69,6 +70,13 @@ def _only_request_json(req, fields) -> bool:
     if any(req.HasField(f) if f in ("max_len", "head_max_len") else bool(getattr(req, f)) for f in fields):
         raise LayaError(Kind.BAD_REQUEST, "request_json replaces the other fields; send one or the other")
     return True
+
+
+def _capped(body: bytes) -> bytes:
+    """The HTTP route's 2 MiB body cap applies to the same body sent over gRPC."""
+    if len(body) > MAX_BODY_BYTES:
+        raise LayaError(Kind.TOO_LARGE, TOO_LARGE_DETAIL)
+    return body
 
 
 def decide_body(req: decision_pb2.DecideRequest) -> bytes:
@@ -149,7 +157,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
     @rpc.servicer_errors
     async def Decide(self, request, context):
         self._auth(context)
-        req = parse_decide_body(decide_body(request), self.decider.route_table, self.max_token_budget)
+        req = parse_decide_body(_capped(decide_body(request)), self.decider.route_table, self.max_token_budget)
         t0 = time.perf_counter()
         result = await self.decider.decide(req)
         resp = decision_pb2.DecideResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
@@ -159,7 +167,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
     @rpc.servicer_errors
     async def DecideBatch(self, request, context):
         self._auth(context)
-        req = parse_batch_body(batch_body(request), self.decider.route_table, self.max_token_budget)
+        req = parse_batch_body(_capped(batch_body(request)), self.decider.route_table, self.max_token_budget)
         t0 = time.perf_counter()
         result = await self.decider.decide_batch(req)
         resp = decision_pb2.DecideBatchResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
