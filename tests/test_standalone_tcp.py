@@ -1,0 +1,58 @@
+"""Each service also runs on its own over TCP (multi-host setups), configured by flags or by
+the environment variables that mirror them."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+from stack import ROOT, free_port
+
+
+def test_three_services_over_tcp(tiny_ckpt):
+    tok, inf, http, grpc_port = free_port(), free_port(), free_port(), free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LAYA_")}
+    me = [sys.executable, "-m", "laya_grpc.cli"]
+    procs = [
+        subprocess.Popen(me + ["tokenizer", "--listen", "127.0.0.1:%d" % tok, "--checkpoint", "english=" + tiny_ckpt],
+                         cwd=ROOT, env=base, stderr=subprocess.PIPE),
+        # configured through the environment only
+        subprocess.Popen(me + ["inference"], cwd=ROOT, stderr=subprocess.PIPE,
+                         env=dict(base, LAYA_INFERENCE_LISTEN="127.0.0.1:%d" % inf,
+                                  LAYA_CHECKPOINTS="english=" + tiny_ckpt, LAYA_DEVICE="cpu")),
+        subprocess.Popen(me + ["gateway", "--http", "127.0.0.1:%d" % http, "--grpc", "127.0.0.1:%d" % grpc_port,
+                               "--tokenizer", "127.0.0.1:%d" % tok, "--inference", "127.0.0.1:%d" % inf,
+                               "--checkpoint", "english=" + tiny_ckpt], cwd=ROOT, env=base, stderr=subprocess.PIPE),
+    ]
+    try:
+        deadline, health = time.monotonic() + 120, {}
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/health" % http, timeout=2) as r:
+                    health = json.loads(r.read())
+                if health.get("ready"):
+                    break
+            except OSError:
+                pass
+            assert all(p.poll() is None for p in procs), [p.stderr.read().decode()[-2000:] for p in procs if p.poll() is not None]
+            time.sleep(0.2)
+        assert health.get("ready"), health
+        assert any(k == "inference@127.0.0.1:%d" % inf for k in health["services"])
+        req = urllib.request.Request("http://127.0.0.1:%d/v1/systemone" % http, method="POST", data=json.dumps(
+            {"state": "hello, I need help with my invoice", "model": "english",
+             "questions": {"q": {"type": "noul", "instructions": "billing?"}}}).encode())
+        with urllib.request.urlopen(req, timeout=30) as r:
+            body = json.loads(r.read())
+        assert body["answers"]["q"]["type"] == "noul" and body["routing"]["model"] == "english"
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0, 0]
