@@ -79,7 +79,7 @@ def run_engine(a, out: Out) -> None:
     from laya_grpc.packed_rows import PackedRows
     from laya_grpc.pipeline import Predictor
     t0 = time.perf_counter()
-    pred = Predictor(a.ckpt, device=a.device, backend=a.backend)
+    pred = Predictor(a.ckpt, device=a.device, backend=a.backend, dtype=None if a.dtype == "auto" else a.dtype)
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     _warm(pred.runner, open_checkpoint(a.ckpt), pred.encoder.pad_id)
@@ -229,7 +229,7 @@ def ab(a, out: Out, agent) -> None:
     from laya_grpc.pipeline import Predictor
     from inference_svc.registry import _warm
     from laya_grpc.checkpoint import open_checkpoint
-    pred = Predictor(a.ckpt, device=a.device, backend=a.backend)
+    pred = Predictor(a.ckpt, device=a.device, backend=a.backend, dtype=None if a.dtype == "auto" else a.dtype)
     _warm(pred.runner, open_checkpoint(a.ckpt), pred.encoder.pad_id)
     for c in [x for x in named_cases() if x.name in ("short", "t512")]:
         ua, ea = [], []
@@ -252,6 +252,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--backend", default="torch")
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--soak", type=int, default=300)
     p.add_argument("--parity-n", type=int, default=64)

@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="make-checkpoint preset (default: large; tiny with --smoke)")
     flags.add(p, "--backend", env="LAYA_BENCH_BACKEND", default="torch", choices=["torch", "mlx"])
     flags.add(p, "--device", env="LAYA_BENCH_DEVICE", default="auto", help="auto, cpu, cuda, mps")
+    flags.add(p, "--dtype", env="LAYA_BENCH_DTYPE", default="auto",
+              help="our engine's weight dtype (auto: the service's default for the device)")
     flags.add(p, "--stages", env="LAYA_BENCH_STAGES", default="engine,upstream,service",
               help="comma list of %s (upstream-compiled takes minutes to load)" % ", ".join(STAGES))
     flags.add(p, "--iters", env="LAYA_BENCH_ITERS", default=None, type=int, help="warm requests per input")
@@ -87,7 +89,7 @@ def environment(a) -> dict:
     return {"commit": commit or "unknown", "dirty": dirty, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "torch": ver("torch"), "laya": ver("laya"), "grpc": ver("grpc"), "numpy": ver("numpy"), "gpu": gpu,
-            "device": a.device, "backend": a.backend, "preset": a.preset, "smoke": a.smoke}
+            "device": a.device, "backend": a.backend, "dtype": a.dtype, "preset": a.preset, "smoke": a.smoke}
 
 
 def run(a) -> int:
@@ -124,7 +126,7 @@ def run(a) -> int:
                 failed.append(st)
             continue
         cmd = [sys.executable, "-m", "benchmarks.inproc", st, "--ckpt", ckpt, "--out", path, "--device", a.device,
-               "--backend", a.backend, "--iters", str(a.iters), "--soak", str(a.soak), "--parity-n", str(a.parity_n),
+               "--backend", a.backend, "--dtype", a.dtype, "--iters", str(a.iters), "--soak", str(a.soak), "--parity-n", str(a.parity_n),
                "--idle-gaps", a.idle_gaps, "--ab-pairs", str(a.ab_pairs if st == "upstream" else 0)]
         t = time.perf_counter()
         r = subprocess.run(cmd, cwd=ROOT)

@@ -64,6 +64,7 @@ class RemoteServices:
         self._inf = inference_pb2_grpc.InferenceServiceStub(self.inference.channel)
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._tasks: list[asyncio.Task] = []
+        self.warm = False        # set by the gateway after a warm-up request through every ready checkpoint
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -82,12 +83,20 @@ class RemoteServices:
     def backends(self) -> list[Backend]:
         return self.tokenizers + [self.inference]
 
-    def ready(self) -> bool:
+    def backends_ready(self) -> bool:
         """Every backend serving and every checkpoint the inference service preloads is warm."""
         if not all(b.serving for b in self.backends):
             return False
         st = self.inference.status
         return st is not None and st.state == S.READY
+
+    def ready(self) -> bool:
+        """Backends ready and the gateway's own path (channels, tokenizer, decode) warmed through them."""
+        return self.warm and self.backends_ready()
+
+    def ready_checkpoints(self) -> list:
+        st = self.inference.status
+        return [c.name for c in st.checkpoints if c.state == S.READY] if st is not None else []
 
     async def _watch_health(self, b: Backend, service: str) -> None:
         stub = health_pb2_grpc.HealthStub(b.channel)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
+import time
 
 import uvicorn
 
@@ -27,6 +29,46 @@ from .settings import GatewaySettings
 log = logging.getLogger("gateway")
 DECISION_SERVICE = decision_pb2.DESCRIPTOR.services_by_name["DecisionService"].full_name
 STATUS_SERVICE = decision_pb2.DESCRIPTOR.services_by_name["StatusService"].full_name
+
+
+WARMUP_QUESTIONS = {"c": {"type": "choice", "instructions": "warm-up", "criteria": ["a", "b", "c"]},
+                    "s": {"type": "score", "instructions": "warm-up", "criteria": ["low", "high"]},
+                    "n": {"type": "noul", "instructions": "warm-up"}}
+
+
+async def warm_up(app, checkpoints: list, api_key) -> None:
+    """One request per warm checkpoint through the HTTP app itself (auth, body, parse, routing,
+    tokenizer, inference, decode, render), plus one auto-routed; failures are logged, not fatal."""
+    t0 = time.perf_counter()
+    headers = [(b"content-type", b"application/json")]
+    if api_key:
+        headers.append((b"authorization", b"Bearer " + api_key.encode()))
+    bodies = [{"model": name} for name in checkpoints] + [{}]
+    for extra in bodies:
+        body = json.dumps(dict({"state": "A short warm-up text for the gateway.", "questions": WARMUP_QUESTIONS},
+                               **extra)).encode()
+        status = await _asgi_post(app, "/v1/systemone", body, headers)
+        if status != 200:
+            log.warning("warm-up request %s answered %d", extra or "(auto-routed)", status)
+    log.info("gateway warm-up through %s took %.0f ms", checkpoints, (time.perf_counter() - t0) * 1e3)
+
+
+async def _asgi_post(app, path: str, body: bytes, headers: list) -> int:
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": headers + [(b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0)}
+    sent = {"status": 0}
+    chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        return chunks.pop(0) if chunks else {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            sent["status"] = message["status"]
+    await app(scope, receive, send)
+    return sent["status"]
 
 
 def split_host_port(text: str, what: str) -> tuple[str, int]:
@@ -65,11 +107,18 @@ async def serve(args: argparse.Namespace) -> int:
     services.start()
 
     async def follow_readiness():
-        """grpc.health.v1 on the gateway flips with real readiness of everything behind it."""
+        """grpc.health.v1 on the gateway flips with real readiness of everything behind it.
+        Each time the backends become ready, one request per warm checkpoint goes through the
+        whole path first, so the first client request after ready is not the one that pays."""
         seen, serving = -1, None
         while True:
             await feed.wait(seen, 5.0)
             seen = feed.sequence
+            if services.backends_ready() and not services.warm:
+                await warm_up(app, services.ready_checkpoints(), settings.api_key)
+                services.warm = True
+            elif not services.backends_ready():
+                services.warm = False
             ready = services.ready()
             if ready != serving:
                 serving = ready

@@ -35,7 +35,7 @@ class Bucket:
     markers: int
 
 
-DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512)
+DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 96, 128, 160, 192, 256, 384, 512)
 
 
 @dataclass(frozen=True)
@@ -214,8 +214,7 @@ class CudaGraphForward:
         s = self._stream
         s.wait_stream(torch.cuda.current_stream(self.dev))
         with torch.inference_mode(), torch.cuda.stream(s):
-            for _ in range(2):   # warm kernels and library handles outside the capture
-                step()
+            step()   # kernels, library handles and workspaces are set up outside the capture
         torch.cuda.current_stream(self.dev).wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool, stream=s):

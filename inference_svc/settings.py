@@ -26,10 +26,23 @@ class InferenceSettings:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "InferenceSettings":
+        device, require = resolve_require(a.device, a.require_device)
         return cls(checkpoints=parse_checkpoint_specs(a.checkpoint), address=a.listen, backend=a.backend,
-                   device=a.device, dtype=a.dtype, require_device=a.require_device, max_loaded=a.max_loaded,
+                   device=device, dtype=a.dtype, require_device=require, max_loaded=a.max_loaded,
                    preload=list(a.preload or []), max_batch_tokens=a.max_batch_tokens,
                    max_batch_rows=a.max_batch_rows, max_wait_ms=a.max_wait_ms, warmup=not a.no_warmup)
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def resolve_require(device: str, require) -> tuple[str, bool]:
+    """(device to use, whether it is required) from --device and --require-device [DEVICE]."""
+    if require is None or str(require).lower() in _FALSE:
+        return device, False
+    if str(require).lower() in _TRUE:
+        return device, True
+    return str(require), True
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -45,8 +58,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--dtype", env="LAYA_DTYPE", default="auto",
               help="auto = float32 on CPU (exact to upstream), the checkpoint's 16-bit precision on GPUs "
                    "(bfloat16 on CUDA with bf16 support, else float16); or float32, float16, bfloat16")
-    flags.add(p, "--require-device", env="LAYA_REQUIRE_DEVICE", action="store_true",
-              help="exit non-zero if the asked device is unavailable instead of falling back to CPU")
+    flags.add(p, "--require-device", env="LAYA_REQUIRE_DEVICE", nargs="?", const="yes", metavar="DEVICE",
+              help="exit non-zero if the device is unavailable instead of falling back to CPU; alone it requires "
+                   "--device, with a value (e.g. --require-device gpu, --require-device cuda:1) it requires that one")
     flags.add(p, "--max-loaded", env="LAYA_MAX_LOADED", default=2, type=int,
               help="checkpoints kept resident at once; the least recently used is evicted beyond this")
     flags.add(p, "--preload", env="LAYA_PRELOAD", append=True, metavar="NAME",

@@ -22,7 +22,8 @@ def _parse_bool(text: str) -> bool:
 
 def add(parser: argparse.ArgumentParser, *names: str, env: str, default: Any = None,
         type: Optional[Callable] = None, help: str = "", action: Optional[str] = None,
-        choices=None, append: bool = False, metavar: Optional[str] = None) -> None:
+        choices=None, append: bool = False, metavar: Optional[str] = None,
+        nargs: Optional[str] = None, const: Any = None) -> None:
     """Add a flag whose default comes from `env` when that variable is set."""
     raw = os.environ.get(env)
     text = "%s [env: %s]" % (help, env)
@@ -46,7 +47,8 @@ def add(parser: argparse.ArgumentParser, *names: str, env: str, default: Any = N
             parser.error("environment variable %s=%r is invalid: %s" % (env, raw, e))
     else:
         value = default
-    parser.add_argument(*names, default=value, type=type, choices=choices, metavar=metavar,
+    extra = {"nargs": nargs, "const": const} if nargs else {}
+    parser.add_argument(*names, default=value, type=type, choices=choices, metavar=metavar, **extra,
                         help=text + ("" if default is None else " (default: %(default)s)"))
 
 

@@ -49,8 +49,8 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
                       "--max-wait-ms", str(args.max_wait_ms)] + ck
     for name in args.preload or []:
         inference += ["--preload", name]
-    if args.require_device:
-        inference.append("--require-device")
+    if args.require_device is not None:
+        inference += ["--require-device", str(args.require_device)]
     if args.no_warmup:
         inference.append("--no-warmup")
     children.append(Child("inference", inference))
