@@ -6,6 +6,7 @@ result dict is packed into typed messages plus its exact JSON.
 """
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import time
@@ -13,7 +14,7 @@ from typing import Any, Optional
 
 import grpc
 
-from laya_grpc import rpc
+from laya_grpc import metrics, rpc
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
@@ -142,6 +143,20 @@ def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> None:
     msg.json = body
 
 
+@contextlib.contextmanager
+def _measured(route: str):
+    t0, status = time.perf_counter(), 500
+    try:
+        yield
+        status = 200
+    except LayaError as e:
+        status = e.kind.http_status
+        raise
+    finally:
+        metrics.REQUESTS.labels("grpc", route, str(status)).inc()
+        metrics.REQUEST_SECONDS.labels("grpc", route).observe(time.perf_counter() - t0)
+
+
 class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
     def __init__(self, decider: Decider, api_key: Optional[str], max_token_budget: int):
         self.decider, self.max_token_budget = decider, max_token_budget
@@ -156,6 +171,15 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     @rpc.servicer_errors
     async def Decide(self, request, context):
+        with _measured("decide"):
+            return await self._decide(request, context)
+
+    @rpc.servicer_errors
+    async def DecideBatch(self, request, context):
+        with _measured("batch"):
+            return await self._decide_batch(request, context)
+
+    async def _decide(self, request, context):
         self._auth(context)
         req = parse_decide_body(_capped(decide_body(request)), self.decider.route_table, self.max_token_budget)
         t0 = time.perf_counter()
@@ -164,8 +188,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         pack_result(result, resp)
         return resp
 
-    @rpc.servicer_errors
-    async def DecideBatch(self, request, context):
+    async def _decide_batch(self, request, context):
         self._auth(context)
         req = parse_batch_body(_capped(batch_body(request)), self.decider.route_table, self.max_token_budget)
         t0 = time.perf_counter()

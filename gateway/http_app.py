@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from laya_grpc import metrics
 from laya_grpc.errors import Kind, LayaError
 
 from .admission import Admission, read_body
@@ -68,8 +69,21 @@ def build_app(decider: Decider, settings: GatewaySettings) -> Starlette:
         supplied = (request.headers.get("authorization") or "").encode("utf-8", "surrogateescape")
         return hmac.compare_digest(supplied, expected)
 
-    def decision_route(parse: Callable, run: Callable[[Any], Awaitable[dict]]):
+    def decision_route(route: str, parse: Callable, run: Callable[[Any], Awaitable[dict]]):
         async def endpoint(request: Request) -> Response:
+            t0, status = time.perf_counter(), 500
+            try:
+                response = await answer(request)
+                status = response.status_code
+                return response
+            except LayaError as error:
+                status = error.kind.http_status
+                raise
+            finally:
+                metrics.REQUESTS.labels("http", route, str(status)).inc()
+                metrics.REQUEST_SECONDS.labels("http", route).observe(time.perf_counter() - t0)
+
+        async def answer(request: Request) -> Response:
             if not authorized(request):
                 raise LayaError(Kind.UNAUTHENTICATED, UNAUTHORIZED_DETAIL)
             async with admission.slot():
@@ -108,8 +122,8 @@ def build_app(decider: Decider, settings: GatewaySettings) -> Starlette:
         return json_response({"detail": error.detail}, error.status_code, error.headers)
 
     routes = [
-        Route("/v1/systemone", decision_route(parse_decide_body, decider.decide), methods=["POST"]),
-        Route("/v1/systemone/batch", decision_route(parse_batch_body, decider.decide_batch), methods=["POST"]),
+        Route("/v1/systemone", decision_route("decide", parse_decide_body, decider.decide), methods=["POST"]),
+        Route("/v1/systemone/batch", decision_route("batch", parse_batch_body, decider.decide_batch), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
     ]
     for route in routes:

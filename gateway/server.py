@@ -13,7 +13,7 @@ import time
 
 import uvicorn
 
-from laya_grpc import flags, rpc
+from laya_grpc import flags, metrics, rpc
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import ChangeFeed, install_stop_signals, setup_logging
 from laya_grpc.routing import RouteTable
@@ -80,6 +80,7 @@ def split_host_port(text: str, what: str) -> tuple[str, int]:
 
 async def serve(args: argparse.Namespace) -> int:
     settings = GatewaySettings.from_env()
+    metrics.serve_metrics(args.metrics)
     sources = parse_checkpoint_specs(args.checkpoint)
     table = RouteTable.build(sources, settings.default_model)
     feed = ChangeFeed()
@@ -120,6 +121,7 @@ async def serve(args: argparse.Namespace) -> int:
             elif not services.backends_ready():
                 services.warm = False
             ready = services.ready()
+            metrics.GATEWAY_READY.set(1 if ready else 0)
             if ready != serving:
                 serving = ready
                 await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], ready)
@@ -148,6 +150,11 @@ async def serve(args: argparse.Namespace) -> int:
     return rc
 
 
+def add_metrics_flag(p: argparse.ArgumentParser, env: str) -> None:
+    flags.add(p, "--metrics", env=env, default=None, metavar="HOST:PORT",
+              help="serve Prometheus metrics on this address (off by default)")
+
+
 def add_gateway_flags(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--http", env="LAYA_HTTP", default="127.0.0.1:8000",
               help="HOST:PORT for HTTP /v1/systemone, /v1/systemone/batch and /health")
@@ -157,6 +164,7 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_gateway_flags(p)
+    add_metrics_flag(p, "LAYA_GATEWAY_METRICS")
     flags.add(p, "--tokenizer", env="LAYA_TOKENIZER_ADDRESSES", append=True, default=["127.0.0.1:50053"],
               help="tokenizer service address(es); requests are spread round-robin")
     flags.add(p, "--inference", env="LAYA_INFERENCE_ADDRESS", default="127.0.0.1:50052",

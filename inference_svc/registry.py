@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from laya_grpc import metrics
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.packed_rows import PackedRows
 from laya_grpc.sources import open_source
@@ -129,6 +130,7 @@ class Registry:
 
     def _set(self, s: Slot, state: int, detail: str) -> None:
         s.state, s.detail = state, detail
+        metrics.CHECKPOINT_READY.labels(s.name).set(1 if state == S.READY else 0)
         self.on_change()
 
     def status(self, s: Slot) -> status_pb2.CheckpointStatus:

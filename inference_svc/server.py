@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from laya_grpc import flags, rpc
+from laya_grpc import flags, metrics, rpc
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_logging
 from laya_grpc.packed_rows import PackedRows
@@ -50,6 +50,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 return inference_pb2.InferResponse(n_act=slot.runner.n_act, device=slot.runner.device(),
                                                    dtype=slot.runner.dtype())
             res = await self.batcher.submit(slot.name, rows)
+            metrics.QUEUE_SECONDS.observe(res.queue_ms / 1e3)
             probs = [softmax_f32(lg / np.float32(slot.temps.for_question(int(q), len(lg))))
                      for lg, q in zip(res.logits, rows.qtypes)]
             return inference_pb2.InferResponse(
@@ -98,6 +99,7 @@ async def serve(settings: InferenceSettings) -> int:
         log.error("%s", e.detail)
         print("laya-grpc inference: %s" % e.detail, file=sys.stderr)
         return 3
+    metrics.serve_metrics(settings.metrics)
     feed = ChangeFeed()
     registry_ref = {}
     batcher = Batcher(lambda name: registry_ref["r"].ready_runner(name), lambda name: registry_ref["r"].slots[name].pad_id,
@@ -159,6 +161,8 @@ async def _preload(servicer: InferenceServicer, registry: Registry, hs, feed: Ch
 def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--listen", env="LAYA_INFERENCE_LISTEN", default="127.0.0.1:50052",
               help="address to serve on: HOST:PORT or unix:/path.sock")
+    flags.add(p, "--metrics", env="LAYA_INFERENCE_METRICS", default=None, metavar="HOST:PORT",
+              help="serve Prometheus metrics on this address (off by default)")
     add_model_flags(p)
 
 

@@ -23,6 +23,7 @@ class InferenceSettings:
     max_wait_ms: float = 0.0
     warmup: bool = True
     heartbeat_s: float = 2.0
+    metrics: str | None = None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "InferenceSettings":
@@ -30,7 +31,8 @@ class InferenceSettings:
         return cls(checkpoints=parse_checkpoint_specs(a.checkpoint), address=a.listen, backend=a.backend,
                    device=device, dtype=a.dtype, require_device=require, max_loaded=a.max_loaded,
                    preload=list(a.preload or []), max_batch_tokens=a.max_batch_tokens,
-                   max_batch_rows=a.max_batch_rows, max_wait_ms=a.max_wait_ms, warmup=not a.no_warmup)
+                   max_batch_rows=a.max_batch_rows, max_wait_ms=a.max_wait_ms, warmup=not a.no_warmup,
+                   metrics=getattr(a, "metrics", None))
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")

@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_gateway_flags(p)
     flags.add(p, "--tokenizer-workers", env="LAYA_TOKENIZER_WORKERS", default=1, type=int,
               help="tokenizer processes; the gateway spreads requests over them")
+    flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
+              help="Prometheus metrics: the gateway on PORT, inference on PORT+1, tokenizer i on PORT+2+i (off by default)")
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
               help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
 
@@ -42,11 +44,17 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
         ck += ["--checkpoint", "%s=%s" % (name, source)]
     toks = ["unix:" + os.path.join(run_dir, "tokenizer-%d.sock" % i) for i in range(max(1, args.tokenizer_workers))]
     inf = "unix:" + os.path.join(run_dir, "inference.sock")
-    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck) for i, t in enumerate(toks)]
+    def metrics_at(offset: int) -> list:
+        if not args.metrics:
+            return []
+        host, _, port = args.metrics.rpartition(":")
+        return ["--metrics", "%s:%d" % (host or "127.0.0.1", int(port) + offset)]
+    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + metrics_at(2 + i))
+                for i, t in enumerate(toks)]
     inference = me + ["inference", "--listen", inf, "--backend", args.backend, "--device", args.device,
                       "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
                       "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
-                      "--max-wait-ms", str(args.max_wait_ms)] + ck
+                      "--max-wait-ms", str(args.max_wait_ms)] + ck + metrics_at(1)
     for name in args.preload or []:
         inference += ["--preload", name]
     if args.require_device is not None:
@@ -54,7 +62,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     if args.no_warmup:
         inference.append("--no-warmup")
     children.append(Child("inference", inference))
-    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc, "--inference", inf] + ck
+    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc, "--inference", inf] + ck + metrics_at(0)
     for t in toks:
         gw += ["--tokenizer", t]
     children.append(Child("gateway", gw))

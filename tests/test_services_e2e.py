@@ -277,3 +277,33 @@ def test_readme_curl_example_is_answered(stack):
     status, out, _ = stack.post("/v1/systemone", None, raw=body.encode())
     assert status == 200, out
     assert list(out["answers"]) == ["intent", "urgency", "angry"]
+
+
+def test_prometheus_metrics(tiny_ckpt):
+    """--metrics: each process exports its own metrics; the API port has no /metrics (as upstream)."""
+    import urllib.request
+    from stack import free_port
+    port = free_port()
+    with Stack({"english": tiny_ckpt}, extra_args=["--metrics", "127.0.0.1:%d" % port]) as s:
+        q = {"u": QUESTIONS["urgent"]}
+        assert s.post("/v1/systemone", {"state": STATES[0], "questions": q, "model": "english"})[0] == 200
+        assert s.post("/v1/systemone", {"state": STATES[0], "questions": {"x": {"type": "zz"}}})[0] == 422
+        with LayaClient(s.grpc) as c:
+            c.decide(STATES[0], q, model="english")
+
+        def scrape(offset):
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (port + offset), timeout=5) as r:
+                return r.read().decode()
+        gw, inf, tok = scrape(0), scrape(1), scrape(2)
+        assert 'laya_gateway_requests_total{api="http",route="decide",status="200"}' in gw
+        assert 'laya_gateway_requests_total{api="http",route="decide",status="422"} 1.0' in gw
+        assert 'laya_gateway_requests_total{api="grpc",route="decide",status="200"} 1.0' in gw
+        assert "laya_gateway_ready 1.0" in gw
+        assert 'laya_inference_checkpoint_ready{checkpoint="english"} 1.0' in inf
+        assert "laya_inference_queue_seconds_count" in inf
+        assert "laya_tokenizer_jobs_per_batch_count" in tok
+        try:
+            urllib.request.urlopen(s.http + "/metrics", timeout=5)
+            raise AssertionError("the API port must not serve /metrics")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404

@@ -10,6 +10,8 @@ import asyncio
 from concurrent.futures import Executor
 from typing import Optional
 
+from laya_grpc import metrics
+
 from .encoding import EncodeJob, TextEncoder
 
 
@@ -39,6 +41,7 @@ class MicroBatcher:
             except Exception as e:  # noqa: BLE001 - a bug in one batch fails its own requests only
                 results = [e] * len(batch)
             self.batches += 1
+            metrics.TOKENIZE_JOBS.observe(len(batch))
             for (_, fut), res in zip(batch, results):
                 if not fut.done():
                     fut.set_result(res)

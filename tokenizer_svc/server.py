@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc import flags, rpc
+from laya_grpc import flags, metrics, rpc
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import install_stop_signals, setup_logging
 from laya_grpc.packed_rows import PackedRows
@@ -100,7 +100,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
         return info
 
 
-async def serve(sources: dict, address: str, threads: int) -> int:
+async def serve(sources: dict, address: str, threads: int, metrics_address: Optional[str] = None) -> int:
+    metrics.serve_metrics(metrics_address)
     srv = rpc.server()
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tok")
     servicer = TokenizerServicer({}, pool)
@@ -138,6 +139,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="checkpoints whose tokenizers to serve (same specs as 'inference'); default: upstream's hub checkpoints")
     flags.add(p, "--threads", env="LAYA_TOKENIZER_THREADS", default=max(1, min(4, os.cpu_count() or 1)), type=int,
               help="threads running encode_batch (the tokenizers library releases the GIL)")
+    flags.add(p, "--metrics", env="LAYA_TOKENIZER_METRICS", default=None, metavar="HOST:PORT",
+              help="serve Prometheus metrics on this address (off by default)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,4 +150,4 @@ def run(args: argparse.Namespace) -> int:
     except LayaError as e:
         print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(sources, args.listen, args.threads))
+    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics))
