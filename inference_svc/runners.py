@@ -147,16 +147,17 @@ class MlxRunner:
 
 
 def _torch_dtype(torch, name: Optional[str], device: str):
-    """fp32 on CPU (exact to upstream); on CUDA/MPS the checkpoint's 16-bit precision unless told otherwise."""
+    """fp32 on CPU (exact to upstream); float16 on CUDA and MPS unless told otherwise.
+
+    float16 rather than bfloat16 on CUDA: on the large checkpoint bf16 weights moved probabilities by
+    up to 0.029 against CPU fp32, float16 by 0.0064, at the same speed (benchmarks/results)."""
     table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
              "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
     if name and name != "auto":
         if name not in table:
             raise LayaError(Kind.INVALID, "unknown dtype %r; choose auto, float32, float16 or bfloat16" % name)
         return table[name]
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.startswith("mps"):
+    if device.startswith(("cuda", "mps")):
         return torch.float16
     return torch.float32
 

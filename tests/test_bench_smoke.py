@@ -1,0 +1,33 @@
+"""`laya-grpc bench --smoke` end to end on CPU: tiny checkpoint, every stage (our engine, upstream
+laya eager, the served stack over gRPC and HTTP), JSONL + markdown report written."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stack import ROOT
+
+pytest.importorskip("laya")
+
+
+def test_bench_smoke(tmp_path):
+    out = tmp_path / "results"
+    r = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "bench", "--smoke", "--device", "cpu",
+                        "--out", str(out), "--work-dir", str(tmp_path / "work"), "--concurrency", "1,4",
+                        "--idle-gaps", "0.1"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("LAYA_")})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    kinds = {(x["target"], x["kind"]) for x in recs}
+    for want in [("suite", "environment"), ("engine", "latency"), ("engine", "parity"), ("upstream", "latency"),
+                 ("upstream", "ab"), ("grpc", "latency"), ("http", "latency"), ("http", "concurrency"),
+                 ("service", "startup"), ("engine", "idle_gap")]:
+        assert want in kinds, want
+    parity = next(x for x in recs if x["kind"] == "parity")
+    assert parity["passed"] and parity["max_abs_dp"] == 0.0   # CPU fp32 against itself: exact
+    report = (out / "report.md").read_text()
+    assert "Warm latency" in report and "our HTTP gateway" in report
