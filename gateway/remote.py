@@ -26,6 +26,7 @@ from laya_grpc.packed_rows import PackedRows
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 from tokenizer_svc.wire import question_to_text
 
+from .coalesce import InferCoalescer
 from .services import CheckpointInfo, InferResult
 
 log = logging.getLogger("gateway.remote")
@@ -64,6 +65,7 @@ class RemoteServices:
         self._inf = inference_pb2_grpc.InferenceServiceStub(self.inference.channel)
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._tasks: list[asyncio.Task] = []
+        self._coalescer = InferCoalescer(self._infer_call)
         self.warm = False        # set by the gateway after a warm-up request through every ready checkpoint
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -162,18 +164,22 @@ class RemoteServices:
 
     async def infer(self, checkpoint: str, rows) -> InferResult:
         packed = PackedRows.concat(list(rows)) if isinstance(rows, (list, tuple)) else rows
+        resp, merged, start = await self._coalescer.submit(checkpoint, packed)
+        flat = np.frombuffer(resp.logits, dtype="<f4")
+        offs = merged.marker_offsets
+        n_act = max(1, resp.n_act)
+        act = np.frombuffer(resp.act_logits, dtype="<f4").reshape(merged.n, n_act)
+        idx = range(start, start + packed.n)
+        return InferResult(logits=[flat[offs[i]:offs[i + 1]] for i in idx], act_logits=[act[i] for i in idx],
+                           device=resp.device, model_ms=resp.model_ms)
+
+    async def _infer_call(self, checkpoint: str, rows: PackedRows):
         req = inference_pb2.InferRequest(checkpoint=checkpoint)
-        packed.to_proto(req.rows)
+        rows.to_proto(req.rows)
         try:
-            resp = await self._inf.Infer(req, timeout=self.infer_timeout_s)
+            return await self._inf.Infer(req, timeout=self.infer_timeout_s)
         except grpc.aio.AioRpcError as e:
             raise rpc.error_from_rpc(e, "inference service") from None
-        flat = np.frombuffer(resp.logits, dtype="<f4")
-        offs = packed.marker_offsets
-        act = np.frombuffer(resp.act_logits, dtype="<f4").reshape(packed.n, max(1, resp.n_act)) if packed.n else \
-            np.zeros((0, 2), np.float32)
-        return InferResult(logits=[flat[offs[i]:offs[i + 1]] for i in range(packed.n)],
-                           act_logits=[act[i] for i in range(packed.n)], device=resp.device, model_ms=resp.model_ms)
 
     async def checkpoint(self, name: str) -> CheckpointInfo:
         st = self._checkpoint_status(name)

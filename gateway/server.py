@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import logging
+import socket
 import sys
 import time
 
@@ -71,6 +72,25 @@ async def _asgi_post(app, path: str, body: bytes, headers: list) -> int:
     return sent["status"]
 
 
+def listen_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """The HTTP listening socket; with reuse_port several gateway processes accept on one port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto must be IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only then (else Nagle
+    # and delayed ACKs add ~40 ms to every response)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise LayaError(Kind.INVALID, "cannot listen on --http %s:%d: %s" % (host, port, e)) from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
 def split_host_port(text: str, what: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
@@ -87,7 +107,7 @@ async def serve(args: argparse.Namespace) -> int:
     services = RemoteServices(args.tokenizer, args.inference, feed)
     decider = Decider(services, table, settings)
 
-    grpc_server = rpc.server()
+    grpc_server = rpc.server(reuse_port=args.reuse_port)
     status = StatusServicer(services, feed, args.grpc)
     decision_pb2_grpc.add_DecisionServiceServicer_to_server(
         DecisionServicer(decider, settings.api_key, settings.max_token_budget), grpc_server)
@@ -128,7 +148,7 @@ async def serve(args: argparse.Namespace) -> int:
                 log.info("gateway %s", "READY" if ready else "not ready")
 
     readiness = asyncio.ensure_future(follow_readiness())
-    http_task = asyncio.ensure_future(http.serve())
+    http_task = asyncio.ensure_future(http.serve(sockets=[listen_socket(host, port, args.reuse_port)]))
     log.info("gateway: http on %s:%d, grpc on %s, tokenizer %s, inference %s", host, port, status.address,
              ",".join(args.tokenizer), args.inference)
     stop = asyncio.Event()
@@ -165,6 +185,9 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_gateway_flags(p)
     add_metrics_flag(p, "LAYA_GATEWAY_METRICS")
+    flags.add(p, "--reuse-port", env="LAYA_GATEWAY_REUSE_PORT", action="store_true",
+              help="share the --http and --grpc ports with other gateway processes (SO_REUSEPORT; "
+                   "the kernel spreads connections); 'serve --gateway-workers N' sets it")
     flags.add(p, "--tokenizer", env="LAYA_TOKENIZER_ADDRESSES", append=True, default=["127.0.0.1:50053"],
               help="tokenizer service address(es); requests are spread round-robin")
     flags.add(p, "--inference", env="LAYA_INFERENCE_ADDRESS", default="127.0.0.1:50052",

@@ -60,6 +60,7 @@ class TorchRunner:
         self.graphs = None
         if graphs and self._dev.type == "cuda":
             from inference_svc.cuda_graphs import BucketPlan, CudaGraphForward
+            self.model.use_fused_encoder(compile_ops=True)   # fewer kernels per graph (fused_encoder.py)
             cfg = _read_agent_config(ckpt_dir)
             plan = BucketPlan(max_rows=max_rows, max_tokens=int(cfg.get("max_len", 512)))
             self.graphs = CudaGraphForward(self.model, self._dev, plan,

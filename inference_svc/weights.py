@@ -27,12 +27,16 @@ def load_weights(path: str, expected: Mapping[str, tuple[int, ...]], dtype: Mapp
     """Read every tensor of `path`, check names/shapes against `expected`, cast per `dtype[name]`.
 
     The file stores fp16 (upstream's `save_checkpoint` halves everything); upstream builds fp32
-    parameters and upcasts on load, so the cast here is the same value conversion.
+    parameters and upcasts on load, so the cast here is the same value conversion. On CUDA the
+    tensors are read straight onto the device and cast there (no host-side copy per tensor).
     """
     if not os.path.isfile(path):
         raise CheckpointError(path, "weights file is missing")
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     try:
-        handle = safe_open(path, framework="pt", device="cpu")
+        handle = safe_open(path, framework="pt", device=str(dev) if dev.type == "cuda" else "cpu")
     except Exception as e:  # safetensors raises its own error types for a corrupt header
         raise CheckpointError(path, "cannot read safetensors file: %s" % e) from e
     with handle as f:
@@ -54,4 +58,4 @@ def load_weights(path: str, expected: Mapping[str, tuple[int, ...]], dtype: Mapp
         if problems:
             raise CheckpointError(path, "weights do not match the network described by the config; "
                                   + "; ".join(problems))
-        return {name: f.get_tensor(name).to(device=device, dtype=dtype[name]) for name in expected}
+        return {name: f.get_tensor(name).to(device=dev, dtype=dtype[name]) for name in expected}

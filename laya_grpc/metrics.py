@@ -15,6 +15,9 @@ REQUESTS = Counter("laya_gateway_requests_total", "Decision requests answered, b
                    ["api", "route", "status"])
 REQUEST_SECONDS = Histogram("laya_gateway_request_seconds", "Decision request time inside the gateway",
                             ["api", "route"], buckets=_LATENCY)
+INFER_CALL_REQUESTS = Histogram("laya_gateway_requests_per_infer_call",
+                                "Requests whose rows shared one gateway->inference call (coalescing under load)",
+                                buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 GATEWAY_READY = Gauge("laya_gateway_ready", "1 when every service is up and every preloaded checkpoint warm")
 
 # inference

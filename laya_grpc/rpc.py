@@ -72,9 +72,11 @@ def channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target(address), options=CHANNEL_OPTIONS)
 
 
-def server(max_concurrent_rpcs: Optional[int] = None, interceptors=None) -> grpc.aio.Server:
-    return grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=max_concurrent_rpcs,
-                           interceptors=interceptors)
+def server(max_concurrent_rpcs: Optional[int] = None, interceptors=None, reuse_port: bool = False) -> grpc.aio.Server:
+    """reuse_port lets several processes serve one TCP port (the kernel spreads connections);
+    off by default so that a port already in use is an error, not a silent share."""
+    options = [o for o in SERVER_OPTIONS if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", int(reuse_port))]
+    return grpc.aio.server(options=options, maximum_concurrent_rpcs=max_concurrent_rpcs, interceptors=interceptors)
 
 
 def add_health_and_reflection(srv: grpc.aio.Server, service_names: Iterable[str]) -> health.aio.HealthServicer:

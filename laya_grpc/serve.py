@@ -29,10 +29,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from inference_svc.settings import add_model_flags
     add_model_flags(p)
     add_gateway_flags(p)
-    flags.add(p, "--tokenizer-workers", env="LAYA_TOKENIZER_WORKERS", default=1, type=int,
-              help="tokenizer processes; the gateway spreads requests over them")
+    flags.add(p, "--tokenizer-workers", env="LAYA_TOKENIZER_WORKERS", default=0, type=int,
+              help="tokenizer processes; each gateway spreads requests over them (0 = auto: one per 8 CPUs, at least 1)")
+    flags.add(p, "--gateway-workers", env="LAYA_GATEWAY_WORKERS", default=0, type=int,
+              help="gateway processes sharing the HTTP and gRPC ports (Python work per request is the "
+                   "ceiling under many clients; 0 = auto: one per 4 CPUs, 1 to 4)")
     flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
-              help="Prometheus metrics: the gateway on PORT, inference on PORT+1, tokenizer i on PORT+2+i (off by default)")
+              help="Prometheus metrics, one endpoint per process: gateway 0 on PORT, inference on PORT+1, "
+                   "tokenizer i on PORT+2+i, gateway j>0 after the tokenizers (off by default)")
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
               help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
 
@@ -42,7 +46,10 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     ck = []
     for name, source in parse_checkpoint_specs(args.checkpoint).items():
         ck += ["--checkpoint", "%s=%s" % (name, source)]
-    toks = ["unix:" + os.path.join(run_dir, "tokenizer-%d.sock" % i) for i in range(max(1, args.tokenizer_workers))]
+    cpus = os.cpu_count() or 1
+    n_tok = args.tokenizer_workers or max(1, cpus // 8)
+    n_gw = args.gateway_workers or max(1, min(4, cpus // 4))
+    toks = ["unix:" + os.path.join(run_dir, "tokenizer-%d.sock" % i) for i in range(n_tok)]
     inf = "unix:" + os.path.join(run_dir, "inference.sock")
     def metrics_at(offset: int) -> list:
         if not args.metrics:
@@ -62,10 +69,13 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     if args.no_warmup:
         inference.append("--no-warmup")
     children.append(Child("inference", inference))
-    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc, "--inference", inf] + ck + metrics_at(0)
+    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc, "--inference", inf] + ck
     for t in toks:
         gw += ["--tokenizer", t]
-    children.append(Child("gateway", gw))
+    if n_gw > 1:
+        gw.append("--reuse-port")
+    # metrics: gateway 0 on PORT (its own registry; each worker counts what it served)
+    children += [Child("gateway-%d" % i, gw + metrics_at(0 if i == 0 else 1 + n_tok + i)) for i in range(n_gw)]
     return children
 
 

@@ -307,3 +307,37 @@ def test_prometheus_metrics(tiny_ckpt):
             raise AssertionError("the API port must not serve /metrics")
         except urllib.error.HTTPError as e:
             assert e.code == 404
+
+
+def test_concurrent_requests_share_infer_calls_and_answer_exactly(tiny_ckpt):
+    """48 concurrent clients: every answer equals the one the same request gets alone, and under
+    load the gateway sends several requests' rows in one Infer call (seen in its metrics)."""
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+    from stack import free_port
+    port = free_port()
+    with Stack({"english": tiny_ckpt}, extra_args=["--metrics", "127.0.0.1:%d" % port],
+               env={"LAYA_MAX_CONCURRENT": "64"}) as s:   # upstream's default admission (16) would 503 some
+        bodies = [{"state": "request %d: %s" % (i, STATES[0] * (1 + i % 4)), "questions": QUESTIONS, "model": "english"}
+                  for i in range(48)]
+        alone = [s.post("/v1/systemone", b)[1] for b in bodies]
+        with ThreadPoolExecutor(48) as pool:
+            together = list(pool.map(lambda b: s.post("/v1/systemone", b)[1], bodies))
+        for a, b in zip(alone, together):
+            assert_close(b, a, tol=1e-5)
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as r:
+            text = r.read().decode()
+        calls = float(text.split("laya_gateway_requests_per_infer_call_count ")[1].split()[0])
+        total = float(text.split("laya_gateway_requests_per_infer_call_sum ")[1].split()[0])
+        assert total >= 96 and calls < total, (calls, total)
+
+
+def test_several_gateway_workers_share_the_ports(tiny_ckpt):
+    with Stack({"english": tiny_ckpt}, extra_args=["--gateway-workers", "2"]) as s:
+        for i in range(20):   # a new connection each time: the kernel spreads them over both workers
+            status, body, _ = s.post("/v1/systemone", {"state": "hello %d" % i, "model": "english",
+                                                       "questions": {"u": QUESTIONS["urgent"]}})
+            assert status == 200, body
+        with LayaClient(s.grpc) as c:
+            assert c.decide("hi", {"u": QUESTIONS["urgent"]}, model="english")["answers"]["u"]["type"] == "noul"
+        assert s.log().count("gateway: http on") == 2

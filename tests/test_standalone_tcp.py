@@ -56,3 +56,16 @@ def test_three_services_over_tcp(tiny_ckpt):
             except subprocess.TimeoutExpired:
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0, 0]
+
+
+def test_http_listen_socket_gets_tcp_nodelay_connections():
+    """The gateway's own HTTP socket must be IPPROTO_TCP, or asyncio leaves Nagle on for every
+    accepted connection and each response waits ~40 ms for a delayed ACK."""
+    import socket
+    from gateway.server import listen_socket
+    sock = listen_socket("127.0.0.1", 0, reuse_port=True)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
+    finally:
+        sock.close()

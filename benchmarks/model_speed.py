@@ -1,0 +1,282 @@
+"""Model time on CUDA: the reference encoder vs the fused one (eager / compiled helpers), each behind
+the same bucketed CUDA graphs, plus load, compile and capture times and parity against CPU fp32.
+
+`python -m benchmarks.model_speed --ckpt DIR --out DIR` (makes a `large` checkpoint in DIR if it
+is missing). Needs only torch, numpy, safetensors and tokenizers, so it runs on a bare GPU machine.
+Writes model_speed.jsonl (every record) and prints a summary table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SHAPES = ((1, 132, 3), (1, 512, 5), (6, 132, 4), (64, 132, 3))   # rows, tokens, markers
+PARITY_TOL_DP, PARITY_TIE_MARGIN = 1e-2, 0.04
+
+
+def rows(lengths, markers, vocab, seed):
+    """Padded batch of rows with the given token counts (random ids, markers at 2, 4, ...)."""
+    from laya_grpc.packed_rows import PackedRows
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths, dtype=np.int32)
+    ks = np.full(len(lengths), markers, dtype=np.int32) if np.isscalar(markers) else np.asarray(markers, np.int32)
+    pr = PackedRows(ids=rng.integers(5, vocab, size=int(lengths.sum()), dtype=np.int32),
+                    row_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+                    markers=np.concatenate([np.arange(1, k + 1, dtype=np.int32) * 2 for k in ks]),
+                    marker_offsets=np.concatenate([[0], np.cumsum(ks)]).astype(np.int32),
+                    qtypes=rng.integers(0, 3, size=len(lengths)).astype(np.int32))
+    return pr.pad(0)
+
+
+class Out:
+    def __init__(self, path):
+        self.f = open(path, "a", encoding="utf-8")
+
+    def __call__(self, kind, **kw):
+        rec = {"kind": kind, **kw}
+        self.f.write(json.dumps(rec) + "\n")
+        self.f.flush()
+        print(json.dumps(rec), flush=True)
+        return rec
+
+
+def set_mode(model, mode):
+    model._fused = None
+    if mode != "reference":
+        model.use_fused_encoder(compile_ops=mode == "fused-compiled")
+
+
+def replay_ms(torch, graph, iters):
+    for _ in range(10):
+        graph.replay()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        graph.replay()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) / iters
+
+
+def host_ms(gf, batch, iters):
+    out = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        gf.forward(batch)
+        out.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(out)), float(np.percentile(out, 95))
+
+
+def dynamo_graphs(torch):
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+def parity(gf, refs, batches):
+    worst, total, agree, ties, bad = 0.0, 0, 0, 0, 0
+    for b, ref in zip(batches, refs):
+        lg, act = gf.forward(b)
+        lr, ar = ref
+        K = b["marker_mask"].sum(1)
+        for i in range(len(K)):
+            k = int(K[i])
+            p, q = softmax(lg[i, :k]), softmax(lr[i, :k])
+            srt = np.sort(q)[::-1]
+            margin = float(srt[0] - srt[1]) if k > 1 else 1.0
+            same = int(np.argmax(p)) == int(np.argmax(q))
+            total, agree = total + 1, agree + same
+            ties += margin < PARITY_TIE_MARGIN
+            bad += (not same) and margin >= PARITY_TIE_MARGIN
+            worst = max(worst, float(np.abs(p - q).max()), float(np.abs(softmax(act[i]) - softmax(ar[i])).max()))
+    return dict(rows=total, agree=agree, near_ties=ties, disagree_outside_ties=bad, max_abs_dp=worst,
+                passed=bool(bad == 0 and worst <= PARITY_TOL_DP))
+
+
+def softmax(x):
+    x = np.asarray(x, dtype=np.float64)
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def attention_probe(torch, rec):
+    """Which SDPA kernels run our shapes (additive fp16 bias, broadcast over heads), and how fast."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for B, L in ((1, 160), (64, 160), (1, 512)):
+        q, k, v = (torch.randn(B, L, 16, 64, device="cuda", dtype=torch.float16).transpose(1, 2) for _ in range(3))
+        bias = torch.zeros(B, 1, L, L, device="cuda", dtype=torch.float16)
+        bias[..., L - 20:] = float("-inf")
+        for name, backends, mask in (("default", None, bias), ("efficient", [SDPBackend.EFFICIENT_ATTENTION], bias),
+                                     ("cudnn", [SDPBackend.CUDNN_ATTENTION], bias), ("math", [SDPBackend.MATH], bias),
+                                     ("flash_nomask", [SDPBackend.FLASH_ATTENTION], None)):
+            try:
+                def call():
+                    if backends is None:
+                        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                    with sdpa_kernel(backends):
+                        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                for _ in range(3):
+                    call()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                for _ in range(50):
+                    call()
+                e.record()
+                torch.cuda.synchronize()
+                rec("sdpa", B=B, L=L, backend=name, us=s.elapsed_time(e) / 50 * 1e3)
+            except Exception as ex:  # an unsupported backend is a finding, not a failure
+                rec("sdpa", B=B, L=L, backend=name, error=str(ex).splitlines()[0][:160])
+
+
+COMPILE_CHILD = r"""
+import time, torch
+t = time.perf_counter()
+from inference_svc.fused_encoder import fused_ops
+ops = fused_ops(True)
+qkv = torch.randn(160, 3072, device="cuda", dtype=torch.float16)
+cs = torch.randn(160, 64, device="cuda")
+ops.rope(qkv, cs, cs, 16); ops.gate(torch.randn(160, 5248, device="cuda", dtype=torch.float16))
+torch.cuda.synchronize()
+print("COMPILE_S", time.perf_counter() - t)
+"""
+
+
+def run_mode(a, rec, torch, model, mode, plan, bench, refs, par_batches, summary, rng, vocab):
+    """Capture the bench buckets in one mode, time each, check parity, then check steady state."""
+    from inference_svc.cuda_graphs import CudaGraphForward
+    set_mode(model, mode)
+    g0 = dynamo_graphs(torch)
+    gf = CudaGraphForward(model, torch.device("cuda"), plan, parallel=False)
+    caps = []
+    for b in bench.values():
+        t = time.perf_counter()
+        gf.forward(b)
+        caps.append(time.perf_counter() - t)
+    rec("capture", mode=mode, first_s=caps[0], rest_s=caps[1:], dynamo_graphs=dynamo_graphs(torch) - g0)
+    for s, b in bench.items():
+        bk = plan.bucket(s[0], s[1], s[2])
+        lg, act = gf.forward(b)
+        assert np.isfinite(lg).all() and np.isfinite(act).all(), (mode, s)
+        summary[(mode, s)] = rec("time", mode=mode, rows=s[0], tokens=s[1], bucket=[bk.rows, bk.tokens],
+                                 replay_ms=replay_ms(torch, gf.cache.get(bk).graph, a.iters),
+                                 host_ms=host_ms(gf, b, a.iters))
+    summary[(mode, "parity")] = rec("parity", mode=mode, **parity(gf, refs, par_batches))
+    captures, g1 = gf.cache.captures, dynamo_graphs(torch)
+    torch.cuda.synchronize()
+    mem0 = torch.cuda.memory_allocated()
+    for i in range(40):   # traffic inside the bench buckets: no capture, compile or growth
+        s = SHAPES[i % len(SHAPES)]
+        top = plan.bucket(s[0], s[1], s[2]).tokens
+        gf.forward(rows(rng.integers(top - 31, top + 1, size=s[0]), s[2], vocab, seed=i))
+    torch.cuda.synchronize()
+    rec("steady", mode=mode, new_captures=gf.cache.captures - captures, new_dynamo_graphs=dynamo_graphs(torch) - g1,
+        alloc_growth_bytes=torch.cuda.memory_allocated() - mem0)
+    gf.close()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.model_speed")
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--parity-rows", type=int, default=96)
+    p.add_argument("--modes", default="reference,fused-eager,fused-compiled")
+    a = p.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    rec = Out(os.path.join(a.out, "model_speed.jsonl"))
+    if not os.path.exists(os.path.join(a.ckpt, "model.safetensors")):
+        from laya_grpc.make_checkpoint import make_checkpoint
+        t = time.perf_counter()
+        make_checkpoint(a.ckpt, "large")
+        rec("make_checkpoint", s=time.perf_counter() - t)
+
+    t = time.perf_counter()
+    import torch
+    from inference_svc.cuda_graphs import BucketPlan, CudaGraphForward
+    from inference_svc.torch_model import LayaTorch
+    torch.zeros(1, device="cuda")
+    rec("cuda_init", s=time.perf_counter() - t, torch=torch.__version__, gpu=torch.cuda.get_device_name())
+
+    t = time.perf_counter()
+    m_old = LayaTorch.from_checkpoint(a.ckpt, "cpu", torch.float16).to("cuda")
+    torch.cuda.synchronize()
+    rec("load", how="cpu_then_copy", s=time.perf_counter() - t)
+    del m_old
+    t = time.perf_counter()
+    model = LayaTorch.from_checkpoint(a.ckpt, "cuda", torch.float16)
+    torch.cuda.synchronize()
+    rec("load", how="direct_to_cuda", s=time.perf_counter() - t, bytes=os.path.getsize(os.path.join(a.ckpt, "model.safetensors")))
+    vocab = model.spec.vocab_size
+
+    # CPU fp32 reference outputs for the parity rows (the bit-exact-to-upstream path)
+    rng = np.random.default_rng(7)
+    par_batches = []
+    for i in range(a.parity_rows // 8):
+        n = 1 if i % 4 == 0 else 8
+        lengths = rng.integers(24, 512 if i % 3 == 0 else 200, size=n)
+        par_batches.append(rows(lengths, rng.integers(2, 10, size=n), vocab, seed=100 + i))
+    t = time.perf_counter()
+    torch.set_num_threads(os.cpu_count() or 1)
+    cpu = LayaTorch.from_checkpoint(a.ckpt, "cpu", torch.float32)
+    refs = []
+    with torch.inference_mode():
+        for b in par_batches:
+            tb = {k: torch.from_numpy(v) for k, v in b.items()}
+            lg, act = cpu(tb["input_ids"], tb["attention_mask"], tb["marker_pos"], tb["marker_mask"], tb["qtype"])
+            refs.append((lg.numpy(), act.numpy()))
+    rec("cpu_reference", s=time.perf_counter() - t, rows=sum(len(b["input_ids"]) for b in par_batches))
+    del cpu
+
+    plan = BucketPlan(max_rows=256, max_tokens=512)
+    bench = {s: rows([s[1]] * s[0], s[2], vocab, seed=s[0]) for s in SHAPES}
+    summary = {}
+    for mode in a.modes.split(","):
+        try:
+            run_mode(a, rec, torch, model, mode, plan, bench, refs, par_batches, summary, rng, vocab)
+        except Exception as ex:  # one failing variant must not cost the others' device time
+            rec("error", mode=mode, error=repr(ex)[:400])
+        torch.cuda.empty_cache()
+
+    # full warm set (what TorchRunner.warm captures before ready), fused modes only
+    warm = plan.warm_buckets(16384)
+    for mode in [m for m in a.modes.split(",") if m != "reference"]:
+        try:
+            set_mode(model, mode)
+            gf = CudaGraphForward(model, torch.device("cuda"), plan, parallel=False)
+            t = time.perf_counter()
+            gf.warm(warm)
+            torch.cuda.synchronize()
+            rec("warm_set", mode=mode, graphs=len(warm), s=time.perf_counter() - t,
+                reserved_mb=torch.cuda.memory_reserved() / 2**20)
+            gf.close()
+            del gf
+        except Exception as ex:
+            rec("error", mode=mode, stage="warm_set", error=repr(ex)[:400])
+        torch.cuda.empty_cache()
+    attention_probe(torch, rec)
+    if "fused-compiled" in a.modes:
+        t = time.perf_counter()
+        res = subprocess.run([sys.executable, "-c", COMPILE_CHILD], capture_output=True, text=True)
+        line = [x for x in res.stdout.splitlines() if x.startswith("COMPILE_S")]
+        rec("compile_second_process", process_s=time.perf_counter() - t,
+            compile_s=float(line[0].split()[1]) if line else None, stderr=res.stderr[-400:])
+
+    print("\n%-16s %-10s %10s %14s" % ("mode", "shape", "replay ms", "host p50/p95"))
+    for (mode, s), r in summary.items():
+        if s != "parity":
+            print("%-16s %-10s %10.3f %8.3f/%.3f" % (mode, "%dx%d" % s[:2], r["replay_ms"], *r["host_ms"]))
+    for (mode, s), r in summary.items():
+        if s == "parity":
+            print("%-16s parity max|dp| %.4f disagree_outside_ties %d passed %s"
+                  % (mode, r["max_abs_dp"], r["disagree_outside_ties"], r["passed"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
