@@ -181,10 +181,21 @@ def test_status_stream_heartbeats_and_sees_a_killed_child_come_back(stack):
                 events.append(ev)
                 if stop.is_set():
                     return
+    health: list = []
+
+    def watch_health():   # the standard grpc.health.v1 Watch on the gateway, as a k8s probe sees it
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        with grpc.insecure_channel(stack.grpc) as ch:
+            for r in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service="")):
+                health.append(r.status == health_pb2.HealthCheckResponse.SERVING)
+                if stop.is_set():
+                    return
     t = threading.Thread(target=subscribe, daemon=True)
     t.start()
+    threading.Thread(target=watch_health, daemon=True).start()
     time.sleep(1.5)
     assert len(events) >= 3 and any(e.reason == "heartbeat" for e in events)
+    assert health == [True]
     assert events[-1].ready
     os.kill(stack.child_pid("inference"), signal.SIGKILL)
     deadline = time.monotonic() + 120
@@ -197,6 +208,7 @@ def test_status_stream_heartbeats_and_sees_a_killed_child_come_back(stack):
         time.sleep(0.2)
     stop.set()
     assert saw_down, "the stream never reported the killed inference service"
+    assert health[:1] == [True] and False in health and health[-1] is True, health
     final = events[-1]
     assert final.ready, "inference did not come back: %s" % stack.log()
     inf = [s for s in final.services if s.service == "inference"][0]
