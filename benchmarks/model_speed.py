@@ -152,7 +152,7 @@ def run_mode(a, rec, torch, model, mode, plan, bench, refs, par_batches, summary
     from inference_svc.cuda_graphs import CudaGraphForward
     set_mode(model, mode)
     g0 = dynamo_graphs(torch)
-    gf = CudaGraphForward(model, torch.device("cuda"), plan, parallel=False)
+    gf = CudaGraphForward(model, torch.device("cuda:0"), plan, parallel=False)
     caps = []
     for b in bench.values():
         t = time.perf_counter()
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     for mode in [m for m in a.modes.split(",") if m != "reference"]:
         try:
             set_mode(model, mode)
-            gf = CudaGraphForward(model, torch.device("cuda"), plan, parallel=False)
+            gf = CudaGraphForward(model, torch.device("cuda:0"), plan, parallel=False)
             t = time.perf_counter()
             gf.warm(warm)
             torch.cuda.synchronize()

@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--device", env="LAYA_BENCH_DEVICE", default="auto", help="auto, cpu, cuda, mps")
     flags.add(p, "--dtype", env="LAYA_BENCH_DTYPE", default="auto",
               help="our engine's weight dtype (auto: the service's default for the device)")
+    flags.add(p, "--cuda-encoder", env="LAYA_BENCH_CUDA_ENCODER", default="reference",
+              choices=["reference", "fused", "fused-compiled"], help="our engine's and service's CUDA encoder")
     flags.add(p, "--stages", env="LAYA_BENCH_STAGES", default="engine,upstream,service",
               help="comma list of %s (upstream-compiled takes minutes to load)" % ", ".join(STAGES))
     flags.add(p, "--iters", env="LAYA_BENCH_ITERS", default=None, type=int, help="warm requests per input")
@@ -126,7 +128,7 @@ def run(a) -> int:
                 failed.append(st)
             continue
         cmd = [sys.executable, "-m", "benchmarks.inproc", st, "--ckpt", ckpt, "--out", path, "--device", a.device,
-               "--backend", a.backend, "--dtype", a.dtype, "--iters", str(a.iters), "--soak", str(a.soak), "--parity-n", str(a.parity_n),
+               "--backend", a.backend, "--dtype", a.dtype, "--cuda-encoder", a.cuda_encoder, "--iters", str(a.iters), "--soak", str(a.soak), "--parity-n", str(a.parity_n),
                "--idle-gaps", a.idle_gaps, "--ab-pairs", str(a.ab_pairs if st == "upstream" else 0)]
         t = time.perf_counter()
         r = subprocess.run(cmd, cwd=ROOT)

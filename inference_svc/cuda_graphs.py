@@ -187,7 +187,7 @@ class CudaGraphForward:
         self.n_act = model.spec.n_act
         self._pool = torch.cuda.graph_pool_handle()
         self._stream = torch.cuda.Stream(device=device)
-        model.prepare_rope(plan.max_tokens, device)   # one table per theta, sliced by every graph
+        model.prepare_rope(plan.max_tokens)   # one table per theta, sliced by every graph
         self.cache = GraphCache(capacity, self._capture, self._release)
 
     # -- capture ---------------------------------------------------------------------------

@@ -6,13 +6,15 @@ The reference follows transformers op for op because CPU fp32 must stay bit-exac
 this path computes the same function in fewer passes and is used only on CUDA (16-bit weights,
 where the contract is a tolerance, not bits):
 - q and k are rotated together in one pass over the fused qkv output, in fp32 as transformers
-  does; `rotate_half(x) * sin == roll(x, hd/2) * sin_signed` exactly (a sign flip is exact);
+  does; `rotate_half(x) * sin == cat(x2, x1) * sin_signed` exactly (a sign flip is exact);
 - the residual add happens in the GEMM (`addmm_`, beta=1, into the residual stream);
 - the GELU gate is one op; masks are turned into additive biases and RoPE tables gathered once
   per forward, not once per layer.
 With `compile_ops` the two elementwise helpers go through `torch.compile(dynamic=True)` (one
 Triton kernel each). Their tensors are flattened to [tokens, ...], and a bucket has >= 16 tokens,
 so one compilation serves every bucket: nothing recompiles after the first forward.
+Not enabled by TorchRunner yet: its first H200 run stopped on a device-side assert
+(benchmarks/results/h200-model-speed-run1.md); `python -m benchmarks.model_speed` checks it.
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ def rope_qk(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, head
     n = qkv.shape[0]
     x = qkv.view(n, 3, heads, -1)[:, :2].float()
     half = x.shape[-1] // 2
-    return (x * cos[:, None, None, :] + torch.roll(x, half, -1) * sin_signed[:, None, None, :]).to(qkv.dtype)
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos[:, None, None, :] + swapped * sin_signed[:, None, None, :]).to(qkv.dtype)
 
 
 def gelu_gate(ug: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,7 @@ class Registry:
     warmup: bool
     run_on_device: Callable            # Batcher.run_on_device
     on_change: Callable[[], None]
+    runner_options: dict = field(default_factory=dict)   # max_rows, max_batch_tokens, cuda_encoder
     slots: dict = field(default_factory=dict)
     started: bool = False              # True once startup preloading finished
 
@@ -98,7 +99,8 @@ class Registry:
         t0 = time.perf_counter()
         try:
             ckpt = await asyncio.get_running_loop().run_in_executor(None, open_source, s.source)
-            runner = await self.run_on_device(lambda: load_runner(ckpt.path, self.backend, self.pick.device, self.dtype))
+            runner = await self.run_on_device(lambda: load_runner(ckpt.path, self.backend, self.pick.device, self.dtype,
+                                                                  **self.runner_options))
             s.ckpt, s.runner = ckpt, runner
             s.temps = Temperatures.from_config(ckpt.config)
             s.fingerprint = _sha256(os.path.join(ckpt.path, "tokenizer", "tokenizer.json"))

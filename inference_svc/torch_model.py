@@ -262,11 +262,14 @@ class LayaTorch(nn.Module):
             self._rope_cache[key] = hit
         return hit[0][:length], hit[1][:length]
 
-    def prepare_rope(self, max_length: int, device: torch.device | str) -> None:
-        """Build the rotary tables at their final length before any CUDA graph is captured."""
-        dtype = self.encoder.embeddings.tok_embeddings.weight.dtype
+    def prepare_rope(self, max_length: int) -> None:
+        """Build the rotary tables at their final length before any CUDA graph is captured.
+
+        Keyed by the weights' device (what `encode` sees as x.device: "cuda:0", never "cuda"), else
+        forward would grow a second table lazily and earlier graphs would read freed memory."""
+        weight = self.encoder.embeddings.tok_embeddings.weight
         for kind in set(self.spec.layer_types):
-            self._rope(self.spec.rope_theta[kind], max_length, torch.device(device), dtype)
+            self._rope(self.spec.rope_theta[kind], max_length, weight.device, weight.dtype)
 
     def _masks(self, attention_mask, position_ids, option_ids, length: int):
         """Boolean SDPA masks (True = may attend), one per layer type, built once per batch."""

@@ -112,3 +112,41 @@ def test_batcher_budget_and_keep_warm(tiny_ckpt):
         assert b.keep_warm_runs >= 3
     finally:
         b.stop()
+
+
+@pytest.mark.parametrize("which", ["tiny_ckpt", "tiny_par_ckpt"])
+def test_fused_encoder_matches_reference(which, request):
+    """The CUDA path's fused encoder (fused_encoder.py, run eagerly here) computes the reference
+    forward: ragged rows, padding queries past the window, both option layouts."""
+    torch = pytest.importorskip("torch")
+    from inference_svc.torch_model import LayaTorch
+    model = LayaTorch.from_checkpoint(request.getfixturevalue(which))
+    rows = synthetic_rows(3, 40, 4, vocab=model.spec.vocab_size, seed=5)
+    rows.row_offsets = np.array([0, 40, 70, 120], dtype=np.int32)
+    if which == "tiny_par_ckpt":
+        rows.position_ids = np.concatenate([np.arange(n, dtype=np.int32) for n in (40, 30, 50)])
+        rows.option_ids = np.concatenate([(np.arange(n) * 4 // n).astype(np.int32) for n in (40, 30, 50)])
+    t = {k: torch.from_numpy(v) for k, v in rows.pad(0).items()}
+    args = [t[k] for k in ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")]
+    args += [t.get("position_ids"), t.get("option_ids")]
+    with torch.inference_mode():
+        ref = model(*args)
+        model.use_fused_encoder(compile_ops=False)
+        fused = model(*args)
+    for a, b in zip(fused, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
+
+
+def test_fused_rope_is_rotate_half():
+    """rope_qk == transformers' q*cos + rotate_half(q)*sin, for q and k of a fused qkv, bit for bit."""
+    torch = pytest.importorskip("torch")
+    from inference_svc.fused_encoder import rope_qk
+    from inference_svc.torch_model import _rotate_half
+    N, H, hd = 24, 4, 16
+    qkv = torch.randn(N, 3 * H * hd)
+    cos, sin = torch.randn(N, hd), torch.randn(N, hd)
+    signed = torch.cat((-sin[:, : hd // 2], sin[:, hd // 2:]), -1)
+    got = rope_qk(qkv, cos, signed, H)
+    for i in range(2):
+        x = qkv.view(N, 3, H, hd)[:, i]
+        assert torch.equal(got[:, i], x * cos[:, None] + _rotate_half(x) * sin[:, None])
