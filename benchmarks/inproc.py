@@ -79,8 +79,7 @@ def run_engine(a, out: Out) -> None:
     from laya_grpc.packed_rows import PackedRows
     from laya_grpc.pipeline import Predictor
     t0 = time.perf_counter()
-    pred = Predictor(a.ckpt, device=a.device, backend=a.backend, dtype=None if a.dtype == "auto" else a.dtype,
-                     cuda_encoder=a.cuda_encoder)
+    pred = Predictor(a.ckpt, device=a.device, backend=a.backend, dtype=None if a.dtype == "auto" else a.dtype)
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     _warm(pred.runner, open_checkpoint(a.ckpt), pred.encoder.pad_id)
@@ -230,8 +229,7 @@ def ab(a, out: Out, agent) -> None:
     from laya_grpc.pipeline import Predictor
     from inference_svc.registry import _warm
     from laya_grpc.checkpoint import open_checkpoint
-    pred = Predictor(a.ckpt, device=a.device, backend=a.backend, dtype=None if a.dtype == "auto" else a.dtype,
-                     cuda_encoder=a.cuda_encoder)
+    pred = Predictor(a.ckpt, device=a.device, backend=a.backend, dtype=None if a.dtype == "auto" else a.dtype)
     _warm(pred.runner, open_checkpoint(a.ckpt), pred.encoder.pad_id)
     for c in [x for x in named_cases() if x.name in ("short", "t512")]:
         ua, ea = [], []
@@ -255,7 +253,6 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--backend", default="torch")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--cuda-encoder", default="reference")
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--soak", type=int, default=300)
     p.add_argument("--parity-n", type=int, default=64)

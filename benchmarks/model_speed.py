@@ -1,5 +1,6 @@
-"""Model time on CUDA: the reference encoder vs the fused one (eager / compiled helpers), each behind
-the same bucketed CUDA graphs, plus load, compile and capture times and parity against CPU fp32.
+"""Model time on CUDA of the serving network (the reference encoder behind the bucketed CUDA graphs,
+as TorchRunner runs it): weight load, CUDA init, capture and replay per shape, parity against CPU
+fp32 (the bit-exact-to-upstream path), steady state, and which SDPA kernels our mask shapes reach.
 
 `python -m benchmarks.model_speed --ckpt DIR --out DIR` (makes a `large` checkpoint in DIR if it
 is missing). Needs only torch, numpy, safetensors and tokenizers, so it runs on a bare GPU machine.
@@ -10,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -46,12 +46,6 @@ class Out:
         return rec
 
 
-def set_mode(model, mode):
-    model._fused = None
-    if mode != "reference":
-        model.use_fused_encoder(compile_ops=mode == "fused-compiled")
-
-
 def replay_ms(torch, graph, iters):
     for _ in range(10):
         graph.replay()
@@ -71,11 +65,6 @@ def host_ms(gf, batch, iters):
         gf.forward(batch)
         out.append((time.perf_counter() - t) * 1e3)
     return float(np.median(out)), float(np.percentile(out, 95))
-
-
-def dynamo_graphs(torch):
-    from torch._dynamo.utils import counters
-    return int(counters["stats"]["unique_graphs"])
 
 
 def parity(gf, refs, batches):
@@ -105,15 +94,16 @@ def softmax(x):
 
 
 def attention_probe(torch, rec):
-    """Which SDPA kernels run our shapes (additive fp16 bias, broadcast over heads), and how fast."""
+    """Which SDPA kernels run our shapes (boolean mask, True = may attend, broadcast over heads,
+    as torch_model._masks builds it), and how fast."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     for B, L in ((1, 160), (64, 160), (1, 512)):
         q, k, v = (torch.randn(B, L, 16, 64, device="cuda", dtype=torch.float16).transpose(1, 2) for _ in range(3))
-        bias = torch.zeros(B, 1, L, L, device="cuda", dtype=torch.float16)
-        bias[..., L - 20:] = float("-inf")
-        for name, backends, mask in (("default", None, bias), ("efficient", [SDPBackend.EFFICIENT_ATTENTION], bias),
-                                     ("cudnn", [SDPBackend.CUDNN_ATTENTION], bias), ("math", [SDPBackend.MATH], bias),
+        allowed = torch.ones(B, 1, L, L, device="cuda", dtype=torch.bool)
+        allowed[..., L - 20:] = False
+        for name, backends, mask in (("default", None, allowed), ("efficient", [SDPBackend.EFFICIENT_ATTENTION], allowed),
+                                     ("cudnn", [SDPBackend.CUDNN_ATTENTION], allowed), ("math", [SDPBackend.MATH], allowed),
                                      ("flash_nomask", [SDPBackend.FLASH_ATTENTION], None)):
             try:
                 def call():
@@ -134,50 +124,36 @@ def attention_probe(torch, rec):
                 rec("sdpa", B=B, L=L, backend=name, error=str(ex).splitlines()[0][:160])
 
 
-COMPILE_CHILD = r"""
-import time, torch
-t = time.perf_counter()
-from inference_svc.fused_encoder import fused_ops
-ops = fused_ops(True)
-qkv = torch.randn(160, 3072, device="cuda", dtype=torch.float16)
-cs = torch.randn(160, 64, device="cuda")
-ops.rope(qkv, cs, cs, 16); ops.gate(torch.randn(160, 5248, device="cuda", dtype=torch.float16))
-torch.cuda.synchronize()
-print("COMPILE_S", time.perf_counter() - t)
-"""
-
-
-def run_mode(a, rec, torch, model, mode, plan, bench, refs, par_batches, summary, rng, vocab):
-    """Capture the bench buckets in one mode, time each, check parity, then check steady state."""
+def measure(a, rec, torch, model, plan, bench, refs, par_batches, rng, vocab):
+    """Capture the bench buckets, time each, check parity, then check steady state."""
     from inference_svc.cuda_graphs import CudaGraphForward
-    set_mode(model, mode)
-    g0 = dynamo_graphs(torch)
     gf = CudaGraphForward(model, torch.device("cuda:0"), plan, parallel=False)
     caps = []
     for b in bench.values():
         t = time.perf_counter()
         gf.forward(b)
         caps.append(time.perf_counter() - t)
-    rec("capture", mode=mode, first_s=caps[0], rest_s=caps[1:], dynamo_graphs=dynamo_graphs(torch) - g0)
+    rec("capture", first_s=caps[0], rest_s=caps[1:])
+    times = []
     for s, b in bench.items():
         bk = plan.bucket(s[0], s[1], s[2])
         lg, act = gf.forward(b)
-        assert np.isfinite(lg).all() and np.isfinite(act).all(), (mode, s)
-        summary[(mode, s)] = rec("time", mode=mode, rows=s[0], tokens=s[1], bucket=[bk.rows, bk.tokens],
-                                 replay_ms=replay_ms(torch, gf.cache.get(bk).graph, a.iters),
-                                 host_ms=host_ms(gf, b, a.iters))
-    summary[(mode, "parity")] = rec("parity", mode=mode, **parity(gf, refs, par_batches))
-    captures, g1 = gf.cache.captures, dynamo_graphs(torch)
+        assert np.isfinite(lg).all() and np.isfinite(act).all(), s
+        times.append(rec("time", rows=s[0], tokens=s[1], bucket=[bk.rows, bk.tokens],
+                         replay_ms=replay_ms(torch, gf.cache.get(bk).graph, a.iters),
+                         host_ms=host_ms(gf, b, a.iters)))
+    par = rec("parity", **parity(gf, refs, par_batches))
+    captures = gf.cache.captures
     torch.cuda.synchronize()
     mem0 = torch.cuda.memory_allocated()
-    for i in range(40):   # traffic inside the bench buckets: no capture, compile or growth
+    for i in range(40):   # traffic inside the bench buckets: no capture and no growth
         s = SHAPES[i % len(SHAPES)]
         top = plan.bucket(s[0], s[1], s[2]).tokens
         gf.forward(rows(rng.integers(top - 31, top + 1, size=s[0]), s[2], vocab, seed=i))
     torch.cuda.synchronize()
-    rec("steady", mode=mode, new_captures=gf.cache.captures - captures, new_dynamo_graphs=dynamo_graphs(torch) - g1,
-        alloc_growth_bytes=torch.cuda.memory_allocated() - mem0)
+    rec("steady", new_captures=gf.cache.captures - captures, alloc_growth_bytes=torch.cuda.memory_allocated() - mem0)
     gf.close()
+    return times, par
 
 
 def main(argv=None) -> int:
@@ -186,7 +162,6 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--parity-rows", type=int, default=96)
-    p.add_argument("--modes", default="reference,fused-eager,fused-compiled")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     rec = Out(os.path.join(a.out, "model_speed.jsonl"))
@@ -198,7 +173,7 @@ def main(argv=None) -> int:
 
     t = time.perf_counter()
     import torch
-    from inference_svc.cuda_graphs import BucketPlan, CudaGraphForward
+    from inference_svc.cuda_graphs import BucketPlan
     from inference_svc.torch_model import LayaTorch
     torch.zeros(1, device="cuda")
     rec("cuda_init", s=time.perf_counter() - t, torch=torch.__version__, gpu=torch.cuda.get_device_name())
@@ -235,46 +210,15 @@ def main(argv=None) -> int:
 
     plan = BucketPlan(max_rows=256, max_tokens=512)
     bench = {s: rows([s[1]] * s[0], s[2], vocab, seed=s[0]) for s in SHAPES}
-    summary = {}
-    for mode in a.modes.split(","):
-        try:
-            run_mode(a, rec, torch, model, mode, plan, bench, refs, par_batches, summary, rng, vocab)
-        except Exception as ex:  # one failing variant must not cost the others' device time
-            rec("error", mode=mode, error=repr(ex)[:400])
-        torch.cuda.empty_cache()
-
-    # full warm set (what TorchRunner.warm captures before ready), fused modes only
-    warm = plan.warm_buckets(16384)
-    for mode in [m for m in a.modes.split(",") if m != "reference"]:
-        try:
-            set_mode(model, mode)
-            gf = CudaGraphForward(model, torch.device("cuda:0"), plan, parallel=False)
-            t = time.perf_counter()
-            gf.warm(warm)
-            torch.cuda.synchronize()
-            rec("warm_set", mode=mode, graphs=len(warm), s=time.perf_counter() - t,
-                reserved_mb=torch.cuda.memory_reserved() / 2**20)
-            gf.close()
-            del gf
-        except Exception as ex:
-            rec("error", mode=mode, stage="warm_set", error=repr(ex)[:400])
-        torch.cuda.empty_cache()
+    times, par = measure(a, rec, torch, model, plan, bench, refs, par_batches, rng, vocab)
+    torch.cuda.empty_cache()
     attention_probe(torch, rec)
-    if "fused-compiled" in a.modes:
-        t = time.perf_counter()
-        res = subprocess.run([sys.executable, "-c", COMPILE_CHILD], capture_output=True, text=True)
-        line = [x for x in res.stdout.splitlines() if x.startswith("COMPILE_S")]
-        rec("compile_second_process", process_s=time.perf_counter() - t,
-            compile_s=float(line[0].split()[1]) if line else None, stderr=res.stderr[-400:])
 
-    print("\n%-16s %-10s %10s %14s" % ("mode", "shape", "replay ms", "host p50/p95"))
-    for (mode, s), r in summary.items():
-        if s != "parity":
-            print("%-16s %-10s %10.3f %8.3f/%.3f" % (mode, "%dx%d" % s[:2], r["replay_ms"], *r["host_ms"]))
-    for (mode, s), r in summary.items():
-        if s == "parity":
-            print("%-16s parity max|dp| %.4f disagree_outside_ties %d passed %s"
-                  % (mode, r["max_abs_dp"], r["disagree_outside_ties"], r["passed"]))
+    print("\n%-10s %10s %14s" % ("shape", "replay ms", "host p50/p95"))
+    for r in times:
+        print("%-10s %10.3f %8.3f/%.3f" % ("%dx%d" % (r["rows"], r["tokens"]), r["replay_ms"], *r["host_ms"]))
+    print("parity max|dp| %.4f disagree_outside_ties %d passed %s"
+          % (par["max_abs_dp"], par["disagree_outside_ties"], par["passed"]))
     return 0
 
 

@@ -182,8 +182,7 @@ def sequential(kind: str, addr: str, case: Case, model: str, n: int) -> list:
 def run_service(a, rec, ckpt: str, model: str) -> None:
     """Readiness, first request, warm latency per input, concurrency sweep, memory: HTTP and gRPC."""
     env = {"LAYA_MAX_CONCURRENT": str(a.max_concurrent)}
-    extra = ["--backend", a.backend, "--dtype", a.dtype, "--cuda-encoder", a.cuda_encoder] + \
-        (["--device", a.device] if a.device != "auto" else [])
+    extra = ["--backend", a.backend, "--dtype", a.dtype] + (["--device", a.device] if a.device != "auto" else [])
     s = Served({model: ckpt}, extra, env)
     try:
         ready_s = s.wait_ready(a.ready_timeout)

@@ -36,8 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--device", env="LAYA_BENCH_DEVICE", default="auto", help="auto, cpu, cuda, mps")
     flags.add(p, "--dtype", env="LAYA_BENCH_DTYPE", default="auto",
               help="our engine's weight dtype (auto: the service's default for the device)")
-    flags.add(p, "--cuda-encoder", env="LAYA_BENCH_CUDA_ENCODER", default="reference",
-              choices=["reference", "fused", "fused-compiled"], help="our engine's and service's CUDA encoder")
     flags.add(p, "--stages", env="LAYA_BENCH_STAGES", default="engine,upstream,service",
               help="comma list of %s (upstream-compiled takes minutes to load)" % ", ".join(STAGES))
     flags.add(p, "--iters", env="LAYA_BENCH_ITERS", default=None, type=int, help="warm requests per input")
@@ -111,7 +109,8 @@ def run(a) -> int:
 
     rec("suite", "environment", **environment(a))
     t0 = time.perf_counter()
-    ckpt = make_checkpoint(os.path.join(a.work_dir, a.preset), a.preset)
+    ckpt = os.path.join(a.work_dir, a.preset)
+    ckpt = ckpt if os.path.isfile(os.path.join(ckpt, "model.safetensors")) else make_checkpoint(ckpt, a.preset)
     rec("suite", "checkpoint", path=ckpt, preset=a.preset, seconds=time.perf_counter() - t0)
     stages = [s for s in a.stages.split(",") if s]
     bad = set(stages) - set(STAGES)
@@ -128,7 +127,7 @@ def run(a) -> int:
                 failed.append(st)
             continue
         cmd = [sys.executable, "-m", "benchmarks.inproc", st, "--ckpt", ckpt, "--out", path, "--device", a.device,
-               "--backend", a.backend, "--dtype", a.dtype, "--cuda-encoder", a.cuda_encoder, "--iters", str(a.iters), "--soak", str(a.soak), "--parity-n", str(a.parity_n),
+               "--backend", a.backend, "--dtype", a.dtype, "--iters", str(a.iters), "--soak", str(a.soak), "--parity-n", str(a.parity_n),
                "--idle-gaps", a.idle_gaps, "--ab-pairs", str(a.ab_pairs if st == "upstream" else 0)]
         t = time.perf_counter()
         r = subprocess.run(cmd, cwd=ROOT)

@@ -58,7 +58,7 @@ class Registry:
     warmup: bool
     run_on_device: Callable            # Batcher.run_on_device
     on_change: Callable[[], None]
-    runner_options: dict = field(default_factory=dict)   # max_rows, max_batch_tokens, cuda_encoder
+    runner_options: dict = field(default_factory=dict)   # max_rows, max_batch_tokens
     slots: dict = field(default_factory=dict)
     started: bool = False              # True once startup preloading finished
 

@@ -45,7 +45,7 @@ class TorchRunner:
     backend = "torch"
 
     def __init__(self, ckpt_dir: str, device: str, dtype: Optional[str], max_rows: int = 256,
-                 max_batch_tokens: int = 16384, graphs: bool = True, cuda_encoder: str = "reference"):
+                 max_batch_tokens: int = 16384, graphs: bool = True):
         import torch
         from inference_svc.torch_model import LayaTorch
         self._torch = torch
@@ -58,9 +58,6 @@ class TorchRunner:
         self._dev = torch.device(device)
         self.max_batch_tokens = max_batch_tokens
         self.graphs = None
-        if self._dev.type == "cuda" and cuda_encoder != "reference":
-            # fewer kernels per layer (fused_encoder.py); CPU keeps the bit-exact reference path
-            self.model.use_fused_encoder(compile_ops=cuda_encoder == "fused-compiled")
         if graphs and self._dev.type == "cuda":
             from inference_svc.cuda_graphs import BucketPlan, CudaGraphForward
             cfg = _read_agent_config(ckpt_dir)
@@ -208,14 +205,10 @@ def pick_device(requested: str, backend: str, require: bool) -> DevicePick:
     return DevicePick("cpu", requested, True, why + "; fell back to cpu")
 
 
-CUDA_ENCODERS = ("reference", "fused", "fused-compiled")
-
-
 def load_runner(ckpt_dir: str, backend: str, device: str, dtype: Optional[str], max_rows: int = 256,
-                max_batch_tokens: int = 16384, cuda_encoder: str = "reference"):
+                max_batch_tokens: int = 16384):
     t0 = time.perf_counter()
     runner = (MlxRunner(ckpt_dir, dtype) if backend == "mlx"
-              else TorchRunner(ckpt_dir, device, dtype, max_rows=max_rows, max_batch_tokens=max_batch_tokens,
-                               cuda_encoder=cuda_encoder))
+              else TorchRunner(ckpt_dir, device, dtype, max_rows=max_rows, max_batch_tokens=max_batch_tokens))
     log.info("loaded %s on %s/%s in %.0f ms", ckpt_dir, runner.device(), runner.dtype(), (time.perf_counter() - t0) * 1e3)
     return runner

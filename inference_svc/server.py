@@ -107,8 +107,7 @@ async def serve(settings: InferenceSettings) -> int:
                       max_wait_ms=settings.max_wait_ms)
     registry = Registry(settings.checkpoints, settings.backend, pick, settings.dtype, settings.max_loaded,
                         settings.warmup, batcher.run_on_device, feed.bump,
-                        runner_options={"max_rows": settings.max_batch_rows, "max_batch_tokens": settings.max_batch_tokens,
-                                        "cuda_encoder": settings.cuda_encoder})
+                        runner_options={"max_rows": settings.max_batch_rows, "max_batch_tokens": settings.max_batch_tokens})
     registry_ref["r"] = registry
     servicer = InferenceServicer(registry, batcher, feed, settings)
     srv = rpc.server()

@@ -24,7 +24,6 @@ class InferenceSettings:
     warmup: bool = True
     heartbeat_s: float = 2.0
     metrics: str | None = None
-    cuda_encoder: str = "reference"
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "InferenceSettings":
@@ -33,7 +32,7 @@ class InferenceSettings:
                    device=device, dtype=a.dtype, require_device=require, max_loaded=a.max_loaded,
                    preload=list(a.preload or []), max_batch_tokens=a.max_batch_tokens,
                    max_batch_rows=a.max_batch_rows, max_wait_ms=a.max_wait_ms, warmup=not a.no_warmup,
-                   metrics=getattr(a, "metrics", None), cuda_encoder=a.cuda_encoder)
+                   metrics=getattr(a, "metrics", None))
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -74,10 +73,5 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
               help="rows (state x question) per forward pass")
     flags.add(p, "--max-wait-ms", env="LAYA_MAX_WAIT_MS", default=0.0, type=float,
               help="extra time to wait for more requests before a forward; 0 = batch only what queued while busy")
-    flags.add(p, "--cuda-encoder", env="LAYA_CUDA_ENCODER", default="reference",
-              choices=["reference", "fused", "fused-compiled"],
-              help="CUDA only: the encoder inside the CUDA graphs. reference follows transformers op for op; "
-                   "fused computes the same function in fewer kernels (fused-compiled: its elementwise parts "
-                   "through torch.compile); see docs/performance.md for measured speed and |dp|")
     flags.add(p, "--no-warmup", env="LAYA_NO_WARMUP", action="store_true",
               help="skip warmup forwards (first requests will be slow); for debugging only")

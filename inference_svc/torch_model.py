@@ -18,7 +18,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from laya_grpc.errors import CheckpointError, Kind, LayaError
-from inference_svc.fused_encoder import FusedOps, fused_encode, fused_ops
 from inference_svc.weights import load_weights
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -211,12 +210,6 @@ class LayaTorch(nn.Module):
         # unused by the maths; present in every upstream checkpoint (strict load, gotcha G5)
         self.register_buffer("temperature", torch.ones(3))
         self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._fused: FusedOps | None = None
-
-    def use_fused_encoder(self, compile_ops: bool) -> None:
-        """Encode through fused_encoder.py (fewer kernels; float rounding differs from upstream,
-        so only for 16-bit CUDA, never for the bit-exact CPU fp32 path)."""
-        self._fused = fused_ops(compile_ops)
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -279,7 +272,7 @@ class LayaTorch(nn.Module):
             idx = torch.arange(length, device=attention_mask.device)
             near = (idx[:, None] - idx[None, :]).abs() <= w                # [L,L]
             # every query also sees itself: a real token already does, and a padding query far
-            # past the window would otherwise have no key at all (NaN in the fused GPU kernels)
+            # past the window would otherwise have no key at all (NaN in SDPA's fused GPU kernels)
             return {FULL: keys, SLIDING: (keys & near) | (idx[:, None] == idx[None, :])}
         # laya.common.parallel_option_masks: no attention between two different options; the
         # window is measured in position ids, because options share positions.
@@ -352,10 +345,7 @@ class LayaTorch(nn.Module):
                 position_ids=None, option_ids=None):
         if (position_ids is None) != (option_ids is None):
             raise LayaError(Kind.INTERNAL, "position_ids and option_ids come together (parallel option layout)")
-        if self._fused is None:
-            h = self.encode(input_ids, attention_mask, position_ids, option_ids)
-        else:
-            h = fused_encode(self, self._fused, input_ids, attention_mask, position_ids, option_ids)
+        h = self.encode(input_ids, attention_mask, position_ids, option_ids)
         head_dtype = self.type_emb.weight.dtype
         h = h.to(head_dtype) + self.type_emb(qtype)[:, None, :]
         if self.head is not None:

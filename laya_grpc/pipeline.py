@@ -33,7 +33,7 @@ class Predictor:
     """One checkpoint, loaded once, answering `Agent.predict`-shaped calls."""
 
     def __init__(self, source: str, device: str = "cpu", backend: str = "torch",
-                 dtype: Optional[str] = None, cuda_encoder: str = "reference"):
+                 dtype: Optional[str] = None):
         """`source`: a checkpoint directory or hub id (`org/repo[/sub][@rev]`), validated as the
         services validate it, so a bad checkpoint is one CheckpointError naming the file."""
         from inference_svc.runners import load_runner, pick_device
@@ -48,7 +48,7 @@ class Predictor:
         # Offline there is no operator to notice a quiet CPU fallback: an absent device is an error.
         # "auto" is each runner's own default precision (fp32 on CPU and MLX, exact to upstream).
         self.runner = load_runner(self.checkpoint.path, backend, pick_device(device, backend, require=True).device,
-                                  None if dtype == "auto" else dtype, cuda_encoder=cuda_encoder)
+                                  None if dtype == "auto" else dtype)
         self.device = self.runner.device()
 
     def predict(self, state: Any, questions: dict, max_len: Optional[int] = None,
