@@ -12,8 +12,6 @@ import json
 import time
 from typing import Any, Optional
 
-import grpc
-
 from laya_grpc import metrics, rpc
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import ChangeFeed, clamp_heartbeat

@@ -11,7 +11,6 @@ import asyncio
 import itertools
 import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -20,7 +19,6 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from laya_grpc import rpc
-from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import ChangeFeed
 from laya_grpc.packed_rows import PackedRows
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokenizer_pb2, tokenizer_pb2_grpc

@@ -1,93 +1,112 @@
-"""Which device the network runs on, and in which precision.
+"""Which device the network runs on, and in which precision: one policy for every backend.
 
-Upstream falls back to CPU with a warning when the asked device is missing; we do the same
-only when the caller allows it, and always hand back a reason that says so, so a service
-never lands on CPU without its logs (and /health) saying why.
+`auto` picks CUDA, then MPS, then CPU (MLX: its default device). An explicit device that is not
+available is an error with `--require-device`; otherwise the service falls back to CPU loudly:
+a WARNING in the log, and `device_fallback: true` with the requested device in /health and the
+status stream. Devices reported to users are always read back from the live weights.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-
-import torch
+from typing import Optional
 
 from laya_grpc.errors import Kind, LayaError
 
-PREFERENCES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+log = logging.getLogger("inference_svc.devices")
 
 
-def _mps_available() -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_available())
-
-
-def _unavailable(pref: str) -> str | None:
-    """Why `pref` cannot be used here, or None when it can."""
-    if pref == "cpu":
-        return None
-    if pref == "mps":
-        return None if _mps_available() else "MPS is not available in this torch build / on this machine"
-    if not torch.cuda.is_available():
-        return "CUDA is not available (torch %s, no usable GPU)" % torch.__version__
-    if pref.startswith("cuda:"):
-        index = int(pref[5:])
-        if index >= torch.cuda.device_count():
-            return "%s does not exist (%d CUDA device(s) visible)" % (pref, torch.cuda.device_count())
-    return None
-
-
-def resolve_device(pref: str, require: bool = False) -> tuple[str, str]:
-    """`pref` -> (torch device string, human reason). auto = CUDA, then MPS, then CPU.
-
-    An explicit device that is not available raises LayaError(DEVICE) when `require`, else
-    returns "cpu" with a reason that starts with WARNING.
-    """
-    pref = (pref or "auto").strip().lower()
-    valid = pref in ("auto", "cpu", "cuda", "mps") or (pref.startswith("cuda:") and pref[5:].isdigit())
-    if not valid:
-        raise LayaError(Kind.DEVICE, "unknown device %r; expected one of %s" % (pref, ", ".join(PREFERENCES)))
-    if pref == "auto":
-        if torch.cuda.is_available():
-            return "cuda", "auto: CUDA available (%s)" % torch.cuda.get_device_name(0)
-        if _mps_available():
-            return "mps", "auto: no CUDA, MPS available"
-        return "cpu", "auto: no CUDA or MPS, using CPU"
-    why = _unavailable(pref)
-    if why is None:
-        return pref, "requested %s" % pref
-    if require:
-        raise LayaError(Kind.DEVICE, "device %r was required but %s" % (pref, why))
-    return "cpu", "WARNING: device %r requested but %s; falling back to CPU" % (pref, why)
-
-
-@dataclass(frozen=True)
-class Precision:
-    """The dtype to build LayaTorch in; None = upstream's CPU load (see LayaTorch.from_checkpoint)."""
-    dtype: torch.dtype | None
+@dataclass
+class DevicePick:
+    device: str            # what the runner will use
+    requested: str         # what the operator asked for
+    fallback: bool         # True when requested was unavailable and we fell back (loudly)
     reason: str
 
 
-def precision_for(device: str, amp_dtype: str | None = None, override: str | None = None) -> Precision:
-    """Upstream's autocast policy, as a model dtype.
+def pick_device(requested: str, backend: str, require: bool) -> DevicePick:
+    requested = (requested or "auto").strip().lower()
+    return _pick_mlx(requested, require) if backend == "mlx" else _pick_torch(requested, require)
 
-    CPU: fp32 parameters (encoder in whatever dtype encoder/config.json declares, like upstream).
-    CUDA: compute capability >= 8 -> the checkpoint's `amp_dtype` ("bf16" -> bfloat16, anything
-    else float16; `override` "fp16"/"bf16" wins, upstream's LAYA_CUDA_AMP); older GPUs -> float16.
-    MPS: float16. Weights are stored fp16 either way; bf16 is a conversion from them.
-    """
-    kind = device.split(":")[0]
-    if kind == "cpu":
-        return Precision(None, "cpu: fp32 (encoder in the dtype encoder/config.json declares, as upstream)")
-    if kind == "mps":
-        return Precision(torch.float16, "mps: fp16")
-    if kind != "cuda":
-        raise LayaError(Kind.DEVICE, "no precision policy for device %r" % device)
-    if override is not None and override not in ("fp16", "bf16"):
-        raise LayaError(Kind.DEVICE, "CUDA precision override must be 'fp16' or 'bf16', got %r" % override)
-    major, _ = torch.cuda.get_device_capability(torch.device(device))
-    if major < 8:
-        return Precision(torch.float16, "cuda cc %d.x < 8: fp16 (no bf16 support)" % major)
-    name = override or amp_dtype
-    source = "override" if override else "checkpoint amp_dtype=%r" % (amp_dtype,)
-    if name == "bf16":
-        return Precision(torch.bfloat16, "cuda: bf16 (%s)" % source)
-    return Precision(torch.float16, "cuda: fp16 (%s)" % source)
+
+def _refuse_or_fall_back(requested: str, why: str, fallback: str, require: bool) -> DevicePick:
+    if require:
+        raise LayaError(Kind.DEVICE, why + "; refusing to start (--require-device)")
+    log.warning("%s; FALLING BACK TO %s (pass --require-device to fail instead)", why, fallback.upper())
+    return DevicePick(fallback, requested, True, "%s; fell back to %s" % (why, fallback))
+
+
+def _pick_mlx(requested: str, require: bool) -> DevicePick:
+    import mlx.core as mx
+    has_gpu = bool(getattr(mx, "metal", None) and mx.metal.is_available())
+    if requested in ("auto", "mlx"):
+        return DevicePick("gpu" if has_gpu else "cpu", requested, False, "auto: MLX's default device")
+    if requested == "cpu":
+        return DevicePick("cpu", requested, False, "requested")
+    if requested not in ("gpu", "mps", "metal"):
+        raise LayaError(Kind.INVALID, "unknown device %r for the mlx backend; choose auto, gpu or cpu" % requested)
+    if has_gpu:
+        return DevicePick("gpu", requested, False, "requested")
+    return _refuse_or_fall_back(requested, "MLX has no GPU here (Metal is unavailable; MLX runs on the CPU)",
+                                "cpu", require)
+
+
+def _pick_torch(requested: str, require: bool) -> DevicePick:
+    import torch
+    cuda = torch.cuda.is_available()
+    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    if requested == "auto":
+        dev = "cuda:0" if cuda else "mps" if mps else "cpu"
+        return DevicePick(dev, requested, False, "auto: first available of cuda, mps, cpu")
+    if requested == "cpu":
+        return DevicePick("cpu", requested, False, "requested")
+    if requested == "gpu":   # whichever accelerator this machine has
+        if cuda or mps:
+            return DevicePick("cuda:0" if cuda else "mps", requested, False, "gpu: the available accelerator")
+        return _refuse_or_fall_back(requested, "no GPU is available to torch %s (neither CUDA nor MPS)"
+                                    % torch.__version__, "cpu", require)
+    if requested == "cuda" or (requested.startswith("cuda:") and requested[5:].isdigit()):
+        idx = int(requested[5:]) if ":" in requested else 0
+        if cuda and idx < torch.cuda.device_count():
+            return DevicePick("cuda:%d" % idx, requested, False, "requested")
+        return _refuse_or_fall_back(requested, "CUDA device %d is not available (torch %s, %d CUDA devices)"
+                                    % (idx, torch.__version__, torch.cuda.device_count() if cuda else 0), "cpu", require)
+    if requested == "mps":
+        if mps:
+            return DevicePick("mps", requested, False, "requested")
+        return _refuse_or_fall_back(requested, "MPS is not available (needs Apple Silicon and a torch build with MPS)",
+                                    "cpu", require)
+    raise LayaError(Kind.INVALID, "unknown device %r; choose auto, cpu, gpu, cuda, cuda:N or mps" % requested)
+
+
+_TORCH_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+                 "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def torch_dtype(name: Optional[str], device: str):
+    """The dtype to build LayaTorch in.
+
+    auto: on CPU None, which is upstream's CPU load (encoder in the dtype encoder/config.json
+    declares, fp32 for every published config; head fp32), so CPU stays exact to upstream; on
+    CUDA and MPS float16, the checkpoint's stored precision. float16 rather than bfloat16 on CUDA:
+    on the large checkpoint bf16 moved probabilities by up to 0.029 against CPU fp32, float16 by
+    0.0064, at the same speed (benchmarks/results/h200-*)."""
+    import torch
+    if name and name != "auto":
+        if name not in _TORCH_DTYPES:
+            raise LayaError(Kind.INVALID, "unknown dtype %r; choose auto, float32, float16 or bfloat16" % name)
+        return getattr(torch, _TORCH_DTYPES[name])
+    if device.startswith(("cuda", "mps")):
+        return torch.float16
+    return None
+
+
+def mlx_dtype(name: Optional[str], device: str) -> str:
+    """float32 on the CPU (exact to upstream); float16 on the Apple GPU (the MLX ports' convention)."""
+    if not name or name == "auto":
+        return "float16" if device == "gpu" else "float32"
+    if name in ("float32", "fp32"):
+        return "float32"
+    if name in ("float16", "fp16"):
+        return "float16"
+    raise LayaError(Kind.INVALID, "the mlx backend runs float32 or float16, not %r" % name)

@@ -24,7 +24,8 @@ from laya_grpc.sources import open_source
 from laya_grpc.temperatures import Temperatures
 from laya_proto.v1 import status_pb2
 
-from .runners import DevicePick, load_runner
+from .devices import DevicePick
+from .runners import load_runner
 
 log = logging.getLogger("inference_svc.registry")
 S = status_pb2

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Optional, Protocol
 
 import numpy as np
 
-from laya_grpc.errors import Kind, LayaError
+from .devices import mlx_dtype, torch_dtype
 
 log = logging.getLogger("inference_svc.runners")
 
@@ -31,14 +30,6 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass
-class DevicePick:
-    device: str            # what the runner will use
-    requested: str         # what the operator asked for
-    fallback: bool         # True when requested was unavailable and we fell back (loudly)
-    reason: str
-
-
 class TorchRunner:
     """The torch network. On CUDA every forward replays a captured graph of its shape bucket
     (cuda_graphs.py); on CPU and MPS it runs eagerly (CPU fp32 is the bit-exact reference path)."""
@@ -49,7 +40,7 @@ class TorchRunner:
         import torch
         from inference_svc.torch_model import LayaTorch
         self._torch = torch
-        tdtype = _torch_dtype(torch, dtype, device)
+        tdtype = torch_dtype(dtype, device)
         self.model = LayaTorch.from_checkpoint(ckpt_dir, device=device, dtype=tdtype).eval()
         spec = self.model.spec
         self.vocab_size = spec.vocab_size
@@ -122,13 +113,12 @@ def _read_agent_config(ckpt_dir: str) -> dict:
 class MlxRunner:
     backend = "mlx"
 
-    def __init__(self, ckpt_dir: str, dtype: Optional[str]):
+    def __init__(self, ckpt_dir: str, device: str, dtype: Optional[str]):
         import mlx.core as mx
         from inference_svc.mlx_model import LayaMLX
-        if not dtype or dtype == "auto":
-            # float32 on CPU is exact to upstream; on the Apple GPU fp16 is the ports' convention
-            dtype = "float16" if mx.default_device().type == mx.gpu else "float32"
-        self.model = LayaMLX.from_checkpoint(ckpt_dir, dtype=dtype)
+        # MLX's default device is process-wide; the device thread is the only one using MLX
+        mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
+        self.model = LayaMLX.from_checkpoint(ckpt_dir, dtype=mlx_dtype(dtype, device))
         self.vocab_size = self.model.spec.vocab_size
         self.n_act = self.model.n_act
         self.max_positions = 1 << 30
@@ -146,69 +136,10 @@ class MlxRunner:
         del self.model
 
 
-def _torch_dtype(torch, name: Optional[str], device: str):
-    """fp32 on CPU (exact to upstream); float16 on CUDA and MPS unless told otherwise.
-
-    float16 rather than bfloat16 on CUDA: on the large checkpoint bf16 weights moved probabilities by
-    up to 0.029 against CPU fp32, float16 by 0.0064, at the same speed (benchmarks/results)."""
-    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-    if name and name != "auto":
-        if name not in table:
-            raise LayaError(Kind.INVALID, "unknown dtype %r; choose auto, float32, float16 or bfloat16" % name)
-        return table[name]
-    if device.startswith(("cuda", "mps")):
-        return torch.float16
-    return torch.float32
-
-
-def pick_device(requested: str, backend: str, require: bool) -> DevicePick:
-    """auto = CUDA, then MPS, then CPU. An unavailable explicit device fails with --require-device,
-    else falls back to CPU loudly (logged at WARNING and shown in status as device_fallback)."""
-    requested = (requested or "auto").lower()
-    if backend == "mlx":
-        import mlx.core as mx
-        real = "gpu" if mx.default_device() == mx.gpu else "cpu"
-        if requested in ("auto", real, "mlx"):
-            return DevicePick(real, requested, False, "mlx default device")
-        want = "gpu" if requested in ("gpu", "mps", "cuda") else requested
-        if want == real:
-            return DevicePick(real, requested, False, "mlx default device")
-        why = "MLX has no %s device here (it runs on %s)" % (want, real)
-        if require:
-            raise LayaError(Kind.DEVICE, why)
-        log.warning("%s; falling back to %s", why, real)
-        return DevicePick(real, requested, True, why)
-    import torch
-    cuda = torch.cuda.is_available()
-    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
-    if requested == "auto":
-        dev = "cuda:0" if cuda else "mps" if mps else "cpu"
-        return DevicePick(dev, requested, False, "auto: first available of cuda, mps, cpu")
-    if requested.startswith("cuda"):
-        idx = int(requested.split(":")[1]) if ":" in requested else 0
-        if cuda and idx < torch.cuda.device_count():
-            return DevicePick("cuda:%d" % idx, requested, False, "requested")
-        why = ("CUDA device %d is not available (torch %s, %d CUDA devices)"
-               % (idx, torch.__version__, torch.cuda.device_count() if cuda else 0))
-    elif requested == "mps":
-        if mps:
-            return DevicePick("mps", requested, False, "requested")
-        why = "MPS is not available (needs Apple Silicon and a torch build with MPS)"
-    elif requested == "cpu":
-        return DevicePick("cpu", requested, False, "requested")
-    else:
-        raise LayaError(Kind.INVALID, "unknown device %r; choose auto, cpu, cuda, cuda:N or mps" % requested)
-    if require:
-        raise LayaError(Kind.DEVICE, why + "; refusing to start (--require-device)")
-    log.warning("%s; FALLING BACK TO CPU (pass --require-device to fail instead)", why)
-    return DevicePick("cpu", requested, True, why + "; fell back to cpu")
-
-
 def load_runner(ckpt_dir: str, backend: str, device: str, dtype: Optional[str], max_rows: int = 256,
                 max_batch_tokens: int = 16384):
     t0 = time.perf_counter()
-    runner = (MlxRunner(ckpt_dir, dtype) if backend == "mlx"
+    runner = (MlxRunner(ckpt_dir, device, dtype) if backend == "mlx"
               else TorchRunner(ckpt_dir, device, dtype, max_rows=max_rows, max_batch_tokens=max_batch_tokens))
     log.info("loaded %s on %s/%s in %.0f ms", ckpt_dir, runner.device(), runner.dtype(), (time.perf_counter() - t0) * 1e3)
     return runner

@@ -23,7 +23,7 @@ from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2
 
 from .batcher import Batcher
 from .registry import Registry
-from .runners import pick_device
+from .devices import pick_device
 from .settings import InferenceSettings, add_model_flags
 
 log = logging.getLogger("inference_svc")

@@ -36,7 +36,8 @@ class Predictor:
                  dtype: Optional[str] = None):
         """`source`: a checkpoint directory or hub id (`org/repo[/sub][@rev]`), validated as the
         services validate it, so a bad checkpoint is one CheckpointError naming the file."""
-        from inference_svc.runners import load_runner, pick_device
+        from inference_svc.devices import pick_device
+        from inference_svc.runners import load_runner
         from tokenizer_svc.encoding import TextEncoder
         if backend not in BACKENDS:
             raise LayaError(Kind.INVALID, "backend must be one of %s, got %r" % (list(BACKENDS), backend))

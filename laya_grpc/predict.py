@@ -14,7 +14,7 @@ import json
 import sys
 import time
 import traceback
-from typing import Any, BinaryIO, Optional, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from . import flags
 from .controls import token_budget

@@ -55,3 +55,21 @@ def test_mlx_backend_reports_where_it_runs(tiny_ckpt):
         # auto-routing to a checkpoint this deployment does not serve is a clear 404, not a 500
         status, body, _ = s.post("/v1/systemone", {"state": "hello", "questions": q})
         assert status == 404 and "'multilingual' is not served here" in body["detail"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_require_device_gpu_fails_clearly_without_a_gpu(tiny_ckpt, backend):
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    out = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "inference", "--listen", "127.0.0.1:%d" % free_port(),
+                          "--backend", backend, "--require-device", "gpu", "--checkpoint", "english=%s" % tiny_ckpt],
+                         capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=120)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert ("no GPU is available" if backend == "torch" else "MLX has no GPU here") in out.stderr
+
+
+def test_mlx_device_cpu_is_honoured(tiny_ckpt):
+    pytest.importorskip("mlx.core")
+    with Stack({"english": tiny_ckpt}, extra_args=["--backend", "mlx", "--device", "cpu"]) as s:
+        c = s.health()["checkpoints"]["english"]
+        assert c["device"] == "mlx:cpu" and c["device_requested"] == "cpu" and c["device_fallback"] is False

@@ -3,7 +3,6 @@ import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 
 from laya_grpc.errors import LayaError
 from laya_grpc.questions import parse_questions

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 from laya.common import collate_items  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from inference_svc.devices import resolve_device  # noqa: E402
+from inference_svc.devices import pick_device, torch_dtype  # noqa: E402
 from inference_svc.torch_model import LayaTorch  # noqa: E402
 from laya_grpc.errors import CheckpointError, Kind, LayaError  # noqa: E402
 from laya_grpc.packed_rows import PackedRows  # noqa: E402
@@ -169,16 +169,25 @@ def test_missing_weight_file_and_bad_config_are_refused(tiny_ckpt, tmp_path):
         LayaTorch.from_checkpoint(path)
 
 
-def test_resolve_device_is_never_silent():
-    assert resolve_device("cpu") == ("cpu", "requested cpu")
-    device, reason = resolve_device("auto")
-    assert device in ("cuda", "mps", "cpu") and reason.startswith("auto:")
+def test_device_pick_is_never_silent():
+    p = pick_device("cpu", "torch", require=False)
+    assert (p.device, p.fallback) == ("cpu", False)
+    p = pick_device("auto", "torch", require=False)
+    assert p.device in ("cuda:0", "mps", "cpu") and not p.fallback and p.reason.startswith("auto:")
     with pytest.raises(LayaError) as err:
-        resolve_device("tpu")
-    assert err.value.kind is Kind.DEVICE
+        pick_device("tpu", "torch", require=False)
+    assert err.value.kind is Kind.INVALID
     missing = "cuda:%d" % (torch.cuda.device_count() + 3)
-    with pytest.raises(LayaError, match="was required but") as err:
-        resolve_device(missing, require=True)
+    with pytest.raises(LayaError, match="refusing to start") as err:
+        pick_device(missing, "torch", require=True)
     assert err.value.kind is Kind.DEVICE
-    device, reason = resolve_device(missing)
-    assert device == "cpu" and reason.startswith("WARNING") and missing in reason
+    p = pick_device(missing, "torch", require=False)
+    assert p.device == "cpu" and p.fallback and p.requested == missing and "fell back to cpu" in p.reason
+
+
+def test_dtype_policy_keeps_cpu_exact_to_upstream():
+    assert torch_dtype("auto", "cpu") is None            # upstream's CPU load: config dtype, fp32 head
+    assert torch_dtype("auto", "cuda:0") is torch.float16 and torch_dtype(None, "mps") is torch.float16
+    assert torch_dtype("bf16", "cuda:0") is torch.bfloat16 and torch_dtype("float32", "cuda:0") is torch.float32
+    with pytest.raises(LayaError):
+        torch_dtype("int8", "cpu")
