@@ -170,11 +170,6 @@ async def serve(args: argparse.Namespace) -> int:
     return rc
 
 
-def add_metrics_flag(p: argparse.ArgumentParser, env: str) -> None:
-    flags.add(p, "--metrics", env=env, default=None, metavar="HOST:PORT",
-              help="serve Prometheus metrics on this address (off by default)")
-
-
 def add_gateway_flags(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--http", env="LAYA_HTTP", default="127.0.0.1:8000",
               help="HOST:PORT for HTTP /v1/systemone, /v1/systemone/batch and /health")
@@ -184,7 +179,7 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_gateway_flags(p)
-    add_metrics_flag(p, "LAYA_GATEWAY_METRICS")
+    metrics.add_flag(p, "LAYA_GATEWAY_METRICS")
     flags.add(p, "--reuse-port", env="LAYA_GATEWAY_REUSE_PORT", action="store_true",
               help="share the --http and --grpc ports with other gateway processes (SO_REUSEPORT; "
                    "the kernel spreads connections); 'serve --gateway-workers N' sets it")

@@ -6,10 +6,13 @@ device and its dtype, and reports them from the live weights (never from what wa
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Optional, Protocol
 
 import numpy as np
+
+from laya_grpc.jsonfile import read_json_object
 
 from .devices import mlx_dtype, torch_dtype
 
@@ -51,7 +54,7 @@ class TorchRunner:
         self.graphs = None
         if graphs and self._dev.type == "cuda":
             from inference_svc.cuda_graphs import BucketPlan, CudaGraphForward
-            cfg = _read_agent_config(ckpt_dir)
+            cfg = read_json_object(os.path.join(ckpt_dir, "rl_agent_config.json"))
             plan = BucketPlan(max_rows=max_rows, max_tokens=int(cfg.get("max_len", 512)))
             self.graphs = CudaGraphForward(self.model, self._dev, plan,
                                            parallel=cfg.get("option_layout", "sequential") == "parallel")
@@ -103,11 +106,6 @@ class TorchRunner:
         del self.model
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def _read_agent_config(ckpt_dir: str) -> dict:
-    from laya_grpc.pipeline import read_config
-    return read_config(ckpt_dir)
 
 
 class MlxRunner:

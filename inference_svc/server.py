@@ -162,8 +162,7 @@ async def _preload(servicer: InferenceServicer, registry: Registry, hs, feed: Ch
 def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--listen", env="LAYA_INFERENCE_LISTEN", default="127.0.0.1:50052",
               help="address to serve on: HOST:PORT or unix:/path.sock")
-    flags.add(p, "--metrics", env="LAYA_INFERENCE_METRICS", default=None, metavar="HOST:PORT",
-              help="serve Prometheus metrics on this address (off by default)")
+    metrics.add_flag(p, "LAYA_INFERENCE_METRICS")
     add_model_flags(p)
 
 

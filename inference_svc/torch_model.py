@@ -8,7 +8,6 @@ SDPA, one mask per layer type per batch, cached RoPE tables, no host syncs in `f
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from laya_grpc.errors import CheckpointError, Kind, LayaError
+from laya_grpc.jsonfile import read_json_object
 from inference_svc.weights import load_weights
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -53,24 +53,11 @@ class NetSpec:
         return self.local_attention // 2
 
 
-def _read_json(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(path, "file is missing") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(path, "cannot read JSON: %s" % e) from e
-    if not isinstance(data, dict):
-        raise CheckpointError(path, "expected a JSON object")
-    return data
-
-
 def read_spec(ckpt_dir: str) -> NetSpec:
     """Parse rl_agent_config.json + encoder/config.json; refuse what this network cannot run."""
     agent_path = os.path.join(ckpt_dir, "rl_agent_config.json")
     enc_path = os.path.join(ckpt_dir, "encoder", "config.json")
-    cfg, enc = _read_json(agent_path), _read_json(enc_path)
+    cfg, enc = read_json_object(agent_path), read_json_object(enc_path)
 
     def need(key: str) -> Any:
         if key not in enc:

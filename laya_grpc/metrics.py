@@ -34,6 +34,12 @@ TOKENIZE_JOBS = Histogram("laya_tokenizer_jobs_per_batch", "Requests sharing one
                           buckets=(1, 2, 4, 8, 16, 32, 64))
 
 
+def add_flag(parser, env: str) -> None:
+    from laya_grpc import flags
+    flags.add(parser, "--metrics", env=env, default=None, metavar="HOST:PORT",
+              help="serve Prometheus metrics on this address (off by default)")
+
+
 def serve_metrics(address: str | None, offset: int = 0) -> str | None:
     """Start the /metrics HTTP endpoint on HOST:PORT(+offset); None keeps metrics off."""
     if not address:

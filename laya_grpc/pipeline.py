@@ -8,25 +8,18 @@ module (and decode) free of torch at import time.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Optional, Sequence
 
 from .confidence_gate import apply_gate, check_min_confidence
 from .decode import decode_answer
 from .errors import Kind, LayaError
-from .jsonfile import read_json_object
 from .packed_rows import PackedRows
 from .questions import Question, parse_questions
 from .sources import open_source
-from .temperatures import CONFIG_FILE, Temperatures
+from .temperatures import Temperatures
 
 MODEL_TAG = "laya-rl-agent"   # upstream's constant family tag, not the checkpoint name
 BACKENDS = ("torch", "mlx")
-
-
-def read_config(checkpoint_dir: str) -> dict:
-    """`rl_agent_config.json` of `checkpoint_dir`, unvalidated (inference_svc.runners reads it so)."""
-    return read_json_object(os.path.join(checkpoint_dir, CONFIG_FILE))
 
 
 class Predictor:

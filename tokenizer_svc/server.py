@@ -139,8 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="checkpoints whose tokenizers to serve (same specs as 'inference'); default: upstream's hub checkpoints")
     flags.add(p, "--threads", env="LAYA_TOKENIZER_THREADS", default=max(1, min(4, os.cpu_count() or 1)), type=int,
               help="threads running encode_batch (the tokenizers library releases the GIL)")
-    flags.add(p, "--metrics", env="LAYA_TOKENIZER_METRICS", default=None, metavar="HOST:PORT",
-              help="serve Prometheus metrics on this address (off by default)")
+    metrics.add_flag(p, "LAYA_TOKENIZER_METRICS")
 
 
 def run(args: argparse.Namespace) -> int:
