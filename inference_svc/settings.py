@@ -24,6 +24,7 @@ class InferenceSettings:
     warmup: bool = True
     heartbeat_s: float = 2.0
     metrics: str | None = None
+    keep_warm_s: float = 0.0
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "InferenceSettings":
@@ -32,7 +33,7 @@ class InferenceSettings:
                    device=device, dtype=a.dtype, require_device=require, max_loaded=a.max_loaded,
                    preload=list(a.preload or []), max_batch_tokens=a.max_batch_tokens,
                    max_batch_rows=a.max_batch_rows, max_wait_ms=a.max_wait_ms, warmup=not a.no_warmup,
-                   metrics=getattr(a, "metrics", None))
+                   metrics=getattr(a, "metrics", None), keep_warm_s=a.keep_warm_s)
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -73,5 +74,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
               help="rows (state x question) per forward pass")
     flags.add(p, "--max-wait-ms", env="LAYA_MAX_WAIT_MS", default=0.0, type=float,
               help="extra time to wait for more requests before a forward; 0 = batch only what queued while busy")
+    flags.add(p, "--keep-warm-s", env="LAYA_KEEP_WARM_S", default=0.0, type=float,
+              help="after this many idle seconds, re-run the last row so the GPU does not clock down; "
+                   "0 = off. Measured on an H200 it did not pay (docs/performance.md); costs one forward per period")
     flags.add(p, "--no-warmup", env="LAYA_NO_WARMUP", action="store_true",
               help="skip warmup forwards (first requests will be slow); for debugging only")
