@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from laya_grpc import metrics
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.packed_rows import PackedRows
 
@@ -208,6 +209,9 @@ class Batcher:
                 j.loop.call_soon_threadsafe(_set_exception, j.future, err)
             return
         model_ms = (time.perf_counter() - start) * 1e3
+        metrics.FORWARD_SECONDS.labels(jobs[0].checkpoint).observe(model_ms / 1e3)
+        metrics.BATCH_ROWS.observe(rows.n)
+        metrics.QUEUE_DEPTH.set(self.depth)
         if self.keep_warm_s > 0:
             self._last = (jobs[0].checkpoint, jobs[0].rows.take([0]))
         self.batches += 1

@@ -312,7 +312,8 @@ def test_prometheus_metrics(tiny_ckpt):
         assert 'laya_gateway_requests_total{api="grpc",route="decide",status="200"} 1.0' in gw
         assert "laya_gateway_ready 1.0" in gw
         assert 'laya_inference_checkpoint_ready{checkpoint="english"} 1.0' in inf
-        assert "laya_inference_queue_seconds_count" in inf
+        assert "laya_inference_queue_seconds_count" in inf and "laya_inference_batch_rows_count" in inf
+        assert 'laya_inference_forward_seconds_count{checkpoint="english"}' in inf
         assert "laya_tokenizer_jobs_per_batch_count" in tok
         try:
             urllib.request.urlopen(s.http + "/metrics", timeout=5)
