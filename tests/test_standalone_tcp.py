@@ -69,3 +69,14 @@ def test_http_listen_socket_gets_tcp_nodelay_connections():
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
     finally:
         sock.close()
+
+
+def test_gateway_and_tokenizer_processes_never_import_torch_or_mlx():
+    """What `laya-grpc gateway` and `laya-grpc tokenizer` load (their whole command path) stays
+    free of torch and mlx; only the inference service may load them."""
+    code = ("import sys; from laya_grpc import cli; import argparse; "
+            "import gateway.server, gateway.remote, gateway.grpc_api, tokenizer_svc.server, clients.cli, laya_grpc.serve; "
+            "[m.add_arguments(argparse.ArgumentParser()) for m in (gateway.server, tokenizer_svc.server, laya_grpc.serve)]; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mlx')); print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
