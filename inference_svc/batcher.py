@@ -40,11 +40,27 @@ class BatchResult:
 
 @dataclass
 class _Job:
+    """Rows of one request, to be batched with others of the same checkpoint."""
     checkpoint: str
     rows: PackedRows
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     enqueued: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Call:
+    """Other device-thread work (load, warm up, evict), run in queue order between batches."""
+    fn: Callable[[], object]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+
+@dataclass
+class _KeepWarm:
+    """One discarded forward of a real row's shape, after keep_warm_s of quiet."""
+    checkpoint: str
+    rows: PackedRows
 
 
 class Batcher:
@@ -57,7 +73,7 @@ class Batcher:
         self.max_batch_rows = max_batch_rows
         self.max_wait_s = max_wait_ms / 1e3
         self.length_multiple = max(1, length_multiple)
-        self._queue: collections.deque[_Job] = collections.deque()
+        self._queue: collections.deque = collections.deque()   # _Job | _Call
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="laya-device", daemon=True)
@@ -79,16 +95,14 @@ class Batcher:
 
     @property
     def depth(self) -> int:
-        return sum(j.rows.n for j in list(self._queue) if j.rows is not None)
+        return sum(j.rows.n for j in list(self._queue) if isinstance(j, _Job))
 
     def run_on_device(self, fn: Callable[[], object]) -> "asyncio.Future":
         """Run `fn` on the device thread (loading, warmup, eviction), in queue order."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        job = _Job("", None, loop, fut)  # type: ignore[arg-type]
-        job.call = fn  # type: ignore[attr-defined]
         with self._cv:
-            self._queue.append(job)
+            self._queue.append(_Call(fn, loop, fut))
             self._cv.notify()
         return fut
 
@@ -114,18 +128,19 @@ class Batcher:
             return lambda rows, tokens: rows * tokens   # not loaded: the forward reports why
         return getattr(runner, "padded_tokens", lambda rows, tokens: rows * tokens)
 
-    def _take(self) -> list[_Job]:
+    def _take(self):
+        """The next unit of work: [_Call], [_KeepWarm], a list of _Job for one forward, or [] to stop."""
         with self._cv:
             while not self._queue and not self._stop:
                 if self.keep_warm_s > 0 and self._last is not None:
                     if not self._cv.wait(timeout=self.keep_warm_s) and not self._queue and not self._stop:
-                        return [_Job(self._last[0], self._last[1], None, None)]  # type: ignore[arg-type]
+                        return [_KeepWarm(*self._last)]
                 else:
                     self._cv.wait()
             if self._stop:
                 return []
             first = self._queue.popleft()
-            if hasattr(first, "call"):
+            if isinstance(first, _Call):
                 return [first]
             if self.max_wait_s > 0 and len(self._queue) == 0:
                 self._cv.wait(timeout=self.max_wait_s)
@@ -135,7 +150,7 @@ class Batcher:
             keep = collections.deque()
             while self._queue:
                 j = self._queue.popleft()
-                if hasattr(j, "call") or j.checkpoint != first.checkpoint:
+                if isinstance(j, _Call) or j.checkpoint != first.checkpoint:
                     keep.append(j)
                     continue
                 if j.future.cancelled():
@@ -160,10 +175,10 @@ class Batcher:
             jobs = self._take()
             if not jobs:
                 return
-            if hasattr(jobs[0], "call"):
+            if isinstance(jobs[0], _Call):
                 self._run_call(jobs[0])
                 continue
-            if jobs[0].future is None:
+            if isinstance(jobs[0], _KeepWarm):
                 self._keep_warm(jobs[0])
                 continue
             jobs = [j for j in jobs if not j.future.cancelled()]
@@ -175,7 +190,7 @@ class Batcher:
             finally:
                 self.busy = False
 
-    def _keep_warm(self, job: _Job) -> None:
+    def _keep_warm(self, job: _KeepWarm) -> None:
         """One discarded forward of a real row's shape: keeps the GPU clocked up while idle."""
         try:
             runner = self._get_runner(job.checkpoint)
@@ -185,9 +200,9 @@ class Batcher:
             log.info("keep-warm skipped: %s", e.detail)
             self._last = None
 
-    def _run_call(self, job: _Job) -> None:
+    def _run_call(self, job: _Call) -> None:
         try:
-            out = job.call()  # type: ignore[attr-defined]
+            out = job.fn()
             job.loop.call_soon_threadsafe(_set_result, job.future, out)
         except BaseException as e:  # noqa: BLE001 - delivered to the awaiting coroutine
             job.loop.call_soon_threadsafe(_set_exception, job.future, e)
