@@ -354,3 +354,43 @@ def test_several_gateway_workers_share_the_ports(tiny_ckpt):
         with LayaClient(s.grpc) as c:
             assert c.decide("hi", {"u": QUESTIONS["urgent"]}, model="english")["answers"]["u"]["type"] == "noul"
         assert s.log().count("gateway: http on") == 2
+
+
+def test_readme_serve_command_answers_the_readme_curl_example(tmp_path):
+    """The README's serve command (after its setup step) and curl body, taken from the README:
+    it makes the demo checkpoints, starts serving, and the example request gets a 200."""
+    import re
+    import shlex
+    import urllib.request
+    from stack import free_port
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    line = re.search(r"^scripts/setup\.sh && (.*laya-grpc serve .*)$", text, re.M).group(1)
+    body = re.search(r"curl -s http://127\.0\.0\.1:8000/v1/systemone -d '(.*?)'\n", text, re.S).group(1)
+    http, grpc_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYA_")}
+    cmds = [shlex.split(c.strip()) for c in line.split("&&")]
+    for c in cmds:
+        assert c[0] == ".venv/bin/laya-grpc"
+        c[:1] = [sys.executable, "-m", "laya_grpc.cli"]
+    for c in cmds[:-1]:   # make-checkpoint steps
+        subprocess.run(c, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=120)
+    serve = cmds[-1] + ["--http", "127.0.0.1:%d" % http, "--grpc", "127.0.0.1:%d" % grpc_port]
+    proc = subprocess.Popen(serve, cwd=tmp_path, env=dict(env, PYTHONPATH=ROOT), stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/health" % http, timeout=2) as r:
+                    if json.loads(r.read()).get("ready"):
+                        break
+            except OSError:
+                time.sleep(0.2)
+        req = urllib.request.Request("http://127.0.0.1:%d/v1/systemone" % http, data=body.encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            out = json.loads(r.read())
+        assert list(out["answers"]) == ["intent", "urgency", "angry"]
+        assert out["routing"]["model"] == "english"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert "laya-grpc: ready in" in proc.stderr.read().decode()
