@@ -3,7 +3,7 @@
 Same maths as upstream laya 0.4.15 `DecisionModel` over transformers' `ModernBertModel`
 (sdpa attention), written as plain functions over the checkpoint's own tensors: `mx.load` reads
 `model.safetensors` directly, so there is no conversion step and no second weight format to
-keep in sync. Only `encoder/config.json` and `rl_agent_config.json` are read besides it.
+keep in sync. The configs are parsed by `laya_grpc.netspec`, the parser `open_checkpoint` uses.
 
 Precision choices mirror what upstream's torch model does in the same dtype: RoPE is applied in
 float32 and cast back (transformers' `apply_rotary_pos_emb`), attention softmax runs in float32
@@ -14,85 +14,19 @@ softmax, then go through the act head in the model dtype (upstream's non-autocas
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from laya_grpc.checkpoint_shapes import Dims, tensor_shapes
+from laya_grpc.checkpoint_shapes import tensor_shapes
 from laya_grpc.errors import CheckpointError, Kind, LayaError
-from laya_grpc.jsonfile import read_json_object
+from laya_grpc.netspec import NetSpec, read_net_spec
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16}
 _HEAD_LN_EPS = 1e-5          # nn.TransformerEncoderLayer / nn.LayerNorm default in the decision head
 _PADDED_MARKER_LOGIT = -1e4  # upstream masked_fill value for markers a row does not have
-
-
-@dataclass(frozen=True)
-class EncoderSpec:
-    """The ModernBERT facts the forward needs, validated once at load."""
-    hidden: int
-    heads: int
-    layer_types: Tuple[str, ...]      # "full_attention" | "sliding_attention" per layer
-    half_window: int                  # local_attention // 2: sliding layers see |i-j| <= this
-    rope_theta: Dict[str, float]      # per layer type
-    norm_eps: float
-    vocab_size: int
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-
-@dataclass(frozen=True)
-class HeadSpec:
-    """The decision head's shape: transformer layers, their head count, act-head outputs."""
-    layers: int
-    heads: int
-    n_act: int
-
-
-def read_encoder_spec(path: str) -> EncoderSpec:
-    """Parse `encoder/config.json`, refusing every ModernBERT variant this code does not implement."""
-    c = read_json_object(path)
-    if c.get("model_type") != "modernbert":
-        raise CheckpointError(path, "model_type must be 'modernbert', got %r" % c.get("model_type"))
-    for key in ("attention_bias", "mlp_bias", "norm_bias"):
-        if c.get(key, False):
-            raise CheckpointError(path, "%s=true is not supported (upstream checkpoints have no encoder biases)" % key)
-    if c.get("hidden_activation", "gelu") != "gelu":
-        raise CheckpointError(path, "hidden_activation must be 'gelu', got %r" % c.get("hidden_activation"))
-    try:
-        hidden, heads, n_layers = int(c["hidden_size"]), int(c["num_attention_heads"]), int(c["num_hidden_layers"])
-        local_attention, vocab = int(c["local_attention"]), int(c["vocab_size"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(path, "missing or bad field: %s" % e) from None
-    if hidden % heads:
-        raise CheckpointError(path, "hidden_size %d is not a multiple of num_attention_heads %d" % (hidden, heads))
-    layer_types = c.get("layer_types")
-    if layer_types is None:  # transformers 4.x configs: a full layer every `global_attn_every_n_layers`
-        every = int(c.get("global_attn_every_n_layers", 3))
-        layer_types = ["full_attention" if i % every == 0 else "sliding_attention" for i in range(n_layers)]
-    if len(layer_types) != n_layers or not set(layer_types) <= {"full_attention", "sliding_attention"}:
-        raise CheckpointError(path, "layer_types must list full_attention/sliding_attention for each of %d layers"
-                              % n_layers)
-    rope = c.get("rope_parameters")
-    theta: Dict[str, float] = {}
-    for kind, legacy, default in (("full_attention", "global_rope_theta", 160000.0),
-                                  ("sliding_attention", "local_rope_theta", 10000.0)):
-        params = rope.get(kind) if isinstance(rope, dict) else None
-        if isinstance(params, dict):
-            if params.get("rope_type", "default") != "default":
-                raise CheckpointError(path, "rope_type %r is not supported" % params.get("rope_type"))
-            theta[kind] = float(params["rope_theta"])
-        elif isinstance(rope, dict) and "rope_theta" in rope:  # one flat theta for both layer types
-            theta[kind] = float(rope["rope_theta"])
-        else:  # transformers 4.x configs
-            theta[kind] = float(c.get(legacy, default))
-    return EncoderSpec(hidden, heads, tuple(layer_types), local_attention // 2, theta,
-                       float(c.get("norm_eps", 1e-5)), vocab)
 
 
 def _rotate_half_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
@@ -105,11 +39,9 @@ def _rotate_half_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
 class LayaMLX:
     """Upstream `DecisionModel` forward in MLX. Build with `from_checkpoint`; call `forward`."""
 
-    def __init__(self, weights: Dict[str, mx.array], spec: EncoderSpec, head: HeadSpec, dtype: str,
-                 compile: bool = False):
+    def __init__(self, weights: Dict[str, mx.array], spec: NetSpec, dtype: str, compile: bool = False):
         self.w = weights
         self.spec = spec
-        self.head = head
         self.dtype = dtype
         self.compiled = compile
         self._fn = mx.compile(self._forward) if compile else self._forward
@@ -120,8 +52,7 @@ class LayaMLX:
         """Load `path/model.safetensors` as is; parameters are cast once to `dtype` (float32|float16)."""
         if dtype not in DTYPES:
             raise LayaError(Kind.INVALID, "MLX dtype must be one of %s, got %r" % (", ".join(DTYPES), dtype))
-        cfg = read_json_object(os.path.join(path, "rl_agent_config.json"))
-        spec = read_encoder_spec(os.path.join(path, "encoder", "config.json"))
+        spec = read_net_spec(path)
         wpath = os.path.join(path, "model.safetensors")
         if not os.path.isfile(wpath):
             raise CheckpointError(wpath, "file is missing")
@@ -129,23 +60,15 @@ class LayaMLX:
             raw = mx.load(wpath)
         except Exception as e:  # mlx raises plain RuntimeError/ValueError on a bad file
             raise CheckpointError(wpath, "cannot read safetensors: %s" % e) from None
-        head = cls._check_weights(wpath, raw, cfg, spec)
+        cls._check_weights(wpath, raw, spec)
         weights = {k: v.astype(DTYPES[dtype]) for k, v in raw.items() if k != "temperature"}
         mx.eval(weights)
-        return cls(weights, spec, head, dtype, compile=compile)
+        return cls(weights, spec, dtype, compile=compile)
 
     @staticmethod
-    def _check_weights(wpath: str, w: Dict[str, mx.array], cfg: dict, spec: EncoderSpec) -> HeadSpec:
+    def _check_weights(wpath: str, w: Dict[str, mx.array], spec: NetSpec) -> None:
         """Upstream's strict load: exactly the tensors the configs imply, each with its shape."""
-        if "head_layers" not in cfg:
-            raise CheckpointError(wpath, "rl_agent_config.json has no 'head_layers'")
-        inter = w.get("encoder.layers.0.mlp.Wo.weight")
-        if inter is None:
-            raise CheckpointError(wpath, "missing tensor encoder.layers.0.mlp.Wo.weight")
-        dims = Dims(vocab_size=spec.vocab_size, hidden_size=spec.hidden, num_layers=len(spec.layer_types),
-                    intermediate_size=inter.shape[1], head_layers=int(cfg["head_layers"]),
-                    n_act=len(cfg.get("act_costs") or {}) + 1)
-        want = tensor_shapes(dims)
+        want = tensor_shapes(spec.dims)
         missing = sorted(set(want) - set(w))
         unexpected = sorted(set(w) - set(want))
         wrong = ["%s %s (expected %s)" % (k, tuple(w[k].shape), want[k])
@@ -156,7 +79,6 @@ class LayaMLX:
         if problems:
             raise CheckpointError(wpath, "weights do not match the network described by the config; "
                                   + "; ".join(problems))
-        return HeadSpec(dims.head_layers, max(1, spec.hidden // 64), dims.n_act)
 
     @property
     def device(self) -> str:
@@ -165,7 +87,7 @@ class LayaMLX:
 
     @property
     def n_act(self) -> int:
-        return self.head.n_act
+        return self.spec.n_act
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, marker_pos: np.ndarray,
@@ -224,13 +146,13 @@ class LayaMLX:
         idx = mx.arange(L)
         eye = (idx[:, None] == idx[None, :])[None, None]
         if opt is None:
-            near = (mx.abs(idx[:, None] - idx[None, :]) <= self.spec.half_window)[None, None]
+            near = (mx.abs(idx[:, None] - idx[None, :]) <= self.spec.sliding_window)[None, None]
             full = keys
         else:
             a, b = opt[:, :, None], opt[:, None, :]
             other_option = (a > 0) & (b > 0) & (a != b)
             full = keys & ~other_option[:, None]
-            near = (mx.abs(pos[:, :, None] - pos[:, None, :]) <= self.spec.half_window)[:, None]
+            near = (mx.abs(pos[:, :, None] - pos[:, None, :]) <= self.spec.sliding_window)[:, None]
         return {"full_attention": full | eye, "sliding_attention": (full & near) | eye}
 
     def _rope_tables(self, pos) -> Dict[str, Tuple[mx.array, mx.array]]:
@@ -271,15 +193,15 @@ class LayaMLX:
         return ln(x, "encoder.final_norm.weight")
 
     def _decide(self, h, att, mpos, mmask, qtype):
-        w, d = self.w, self.spec.hidden
+        w, d = self.w, self.spec.hidden_size
         B, L, _ = h.shape
         lin = lambda x, name, sep=".": mx.addmm(w[name + sep + "bias"], x, w[name + sep + "weight"].T)
         ln = lambda x, name: mx.fast.layer_norm(x, w[name + ".weight"], w[name + ".bias"], _HEAD_LN_EPS)
         h = h + w["type_emb.weight"][qtype][:, None, :]
-        H = self.head.heads
+        H = self.spec.head_heads
         hd = d // H
         keys = att[:, None, None, :]
-        for i in range(self.head.layers):
+        for i in range(self.spec.head_layers):
             p = "head.layers.%d." % i
             y = ln(h, p + "norm1")
             qkv = lin(y, p + "self_attn.in_proj", "_").reshape(B, L, 3, H, hd).transpose(2, 0, 3, 1, 4)

@@ -1,7 +1,7 @@
 """The Laya network (ModernBERT encoder + typed decision head) in plain torch.
 
-Built straight from a checkpoint's `model.safetensors` + `encoder/config.json` so the service
-needs neither `transformers` nor `laya`. The maths follow upstream laya 0.4.15 `DecisionModel`
+Built straight from a checkpoint's `model.safetensors` + its configs (parsed by `laya_grpc.netspec`,
+as `open_checkpoint` parses them) so the service needs neither `transformers` nor `laya`. The maths follow upstream laya 0.4.15 `DecisionModel`
 over transformers 5.24 `ModernBertModel` (sdpa) op for op, so CPU fp32 matches to float
 rounding (see tests/test_torch_model_parity.py). Laid out for speed: one fused Wqkv matmul,
 SDPA, one mask per layer type per batch, cached RoPE tables, no host syncs in `forward`.
@@ -9,97 +9,18 @@ SDPA, one mask per layer type per batch, cached RoPE tables, no host syncs in `f
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from laya_grpc.errors import CheckpointError, Kind, LayaError
-from laya_grpc.jsonfile import read_json_object
+from laya_grpc.errors import Kind, LayaError
+from laya_grpc.netspec import FULL, SLIDING, NetSpec, read_net_spec
 from inference_svc.weights import load_weights
 
-FULL, SLIDING = "full_attention", "sliding_attention"
-# ModernBertConfig.default_theta: used when a (transformers 4.x) config names no theta
-_DEFAULT_THETA = {FULL: 160000.0, SLIDING: 10000.0}
-_LEGACY_THETA_KEY = {FULL: "global_rope_theta", SLIDING: "local_rope_theta"}
-_CONFIG_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class NetSpec:
-    """Everything about the network's shape that the two config files fix."""
-    vocab_size: int
-    hidden: int
-    layers: int
-    heads: int
-    intermediate: int
-    layer_types: tuple[str, ...]
-    rope_theta: dict[str, float]
-    local_attention: int
-    norm_eps: float
-    head_layers: int
-    n_act: int
-    encoder_dtype: torch.dtype  # upstream honours encoder/config.json `dtype` (gotcha G2)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def sliding_window(self) -> int:
-        """ModernBertConfig.sliding_window: a token sees |i-j| <= local_attention // 2."""
-        return self.local_attention // 2
-
-
-def read_spec(ckpt_dir: str) -> NetSpec:
-    """Parse rl_agent_config.json + encoder/config.json; refuse what this network cannot run."""
-    agent_path = os.path.join(ckpt_dir, "rl_agent_config.json")
-    enc_path = os.path.join(ckpt_dir, "encoder", "config.json")
-    cfg, enc = read_json_object(agent_path), read_json_object(enc_path)
-
-    def need(key: str) -> Any:
-        if key not in enc:
-            raise CheckpointError(enc_path, "missing key %r" % key)
-        return enc[key]
-
-    for key, supported in (("hidden_activation", "gelu"), ("attention_bias", False), ("mlp_bias", False),
-                           ("norm_bias", False)):
-        if enc.get(key, supported) != supported:
-            raise CheckpointError(enc_path, "%s=%r is not supported (only %r)" % (key, enc[key], supported))
-    layers = int(need("num_hidden_layers"))
-    layer_types = enc.get("layer_types")
-    if layer_types is None:  # transformers 4.x configs: the legacy every-n pattern
-        every = int(enc.get("global_attn_every_n_layers", 3))
-        layer_types = [SLIDING if i % every else FULL for i in range(layers)]
-    if len(layer_types) != layers or set(layer_types) - {FULL, SLIDING}:
-        raise CheckpointError(enc_path, "layer_types %r does not describe %d full/sliding layers"
-                              % (layer_types, layers))
-    rope = enc.get("rope_parameters") or {}
-    theta = {}
-    for kind in (FULL, SLIDING):
-        params = rope.get(kind) if isinstance(rope.get(kind), dict) else {}
-        if params.get("rope_type", "default") != "default":
-            raise CheckpointError(enc_path, "rope_type %r for %s is not supported"
-                                  % (params["rope_type"], kind))
-        theta[kind] = float(params.get("rope_theta", rope.get("rope_theta",
-                                       enc.get(_LEGACY_THETA_KEY[kind], _DEFAULT_THETA[kind]))))
-    hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
-    if hidden % heads:
-        raise CheckpointError(enc_path, "hidden_size %d is not a multiple of num_attention_heads %d"
-                              % (hidden, heads))
-    dtype_name = enc.get("dtype", enc.get("torch_dtype")) or "float32"
-    if dtype_name not in _CONFIG_DTYPES:
-        raise CheckpointError(enc_path, "dtype %r is not supported" % dtype_name)
-    if "head_layers" not in cfg:
-        raise CheckpointError(agent_path, "missing key 'head_layers'")
-    return NetSpec(
-        vocab_size=int(need("vocab_size")), hidden=hidden, layers=layers, heads=heads,
-        intermediate=int(need("intermediate_size")), layer_types=tuple(layer_types), rope_theta=theta,
-        local_attention=int(enc.get("local_attention", 128)), norm_eps=float(enc.get("norm_eps", 1e-5)),
-        head_layers=int(cfg["head_layers"]), n_act=len(cfg.get("act_costs") or {}) + 1,
-        encoder_dtype=_CONFIG_DTYPES[dtype_name])
+# encoder/config.json `dtype` (NetSpec.encoder_dtype) -> the torch dtype upstream builds the encoder in (G2)
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # ----------------------------------------------------------------------------------- encoder
@@ -121,27 +42,27 @@ class _Mlp(nn.Module):
 class _EncoderLayer(nn.Module):
     def __init__(self, spec: NetSpec, first: bool):
         super().__init__()
-        d = spec.hidden
+        d = spec.hidden_size
         # layer 0 has no attn_norm (ModernBERT: the embedding norm already normalised its input)
         self.attn_norm = None if first else nn.LayerNorm(d, eps=spec.norm_eps, bias=False)
         self.attn = _Attn(d)
         self.mlp_norm = nn.LayerNorm(d, eps=spec.norm_eps, bias=False)
-        self.mlp = _Mlp(d, spec.intermediate)
+        self.mlp = _Mlp(d, spec.intermediate_size)
 
 
 class _Embeddings(nn.Module):
     def __init__(self, spec: NetSpec):
         super().__init__()
-        self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden)
-        self.norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps, bias=False)
+        self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps, bias=False)
 
 
 class _Encoder(nn.Module):
     def __init__(self, spec: NetSpec):
         super().__init__()
         self.embeddings = _Embeddings(spec)
-        self.layers = nn.ModuleList(_EncoderLayer(spec, i == 0) for i in range(spec.layers))
-        self.final_norm = nn.LayerNorm(spec.hidden, eps=spec.norm_eps, bias=False)
+        self.layers = nn.ModuleList(_EncoderLayer(spec, i == 0) for i in range(spec.num_layers))
+        self.final_norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps, bias=False)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -187,10 +108,9 @@ class LayaTorch(nn.Module):
     def __init__(self, spec: NetSpec):
         super().__init__()
         self.spec = spec
-        d = spec.hidden
+        d = spec.hidden_size
         self.encoder = _Encoder(spec)
         self.head = _Head(d, spec.head_layers) if spec.head_layers > 0 else None
-        self.head_heads = max(1, d // 64)
         self.type_emb = nn.Embedding(3, d)
         self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
         self.act_head = nn.Sequential(nn.Linear(d + 4, 256), nn.GELU(), nn.Linear(256, spec.n_act))
@@ -210,10 +130,10 @@ class LayaTorch(nn.Module):
         An explicit dtype puts every parameter in it (the accelerator policy, devices.py).
         """
         ckpt_dir = os.fspath(getattr(ckpt, "path", ckpt))
-        spec = read_spec(ckpt_dir)
+        spec = read_net_spec(ckpt_dir)
         with torch.device("meta"):
             model = cls(spec)
-        enc_dtype = spec.encoder_dtype if dtype is None else dtype
+        enc_dtype = TORCH_DTYPES[spec.encoder_dtype] if dtype is None else dtype
         rest_dtype = torch.float32 if dtype is None else dtype
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         dtypes = {k: enc_dtype if k.startswith("encoder.") else rest_dtype for k in expected}
@@ -313,7 +233,7 @@ class LayaTorch(nn.Module):
         logits of magnitude 100), so we take the same branch for bit-equal fp32 results.
         """
         B, L, d = h.shape
-        nh = self.head_heads
+        nh = self.spec.head_heads
         sa = layer.self_attn
         if nh % 2 == 0 and not torch.is_autocast_enabled(h.device.type) and h.dtype == torch.float32:
             return torch._transformer_encoder_layer_fwd(

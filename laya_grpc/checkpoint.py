@@ -12,21 +12,20 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import os
 import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checkpoint_shapes import Dims, tensor_shapes
+from .checkpoint_shapes import tensor_shapes
 from .errors import CheckpointError
 from .jsonfile import read_json_object
+from .netspec import AGENT_CONFIG_FILE, ENCODER_CONFIG_FILE, NetSpec, config_int, parse_net_spec
 from .temperatures import raw_temperatures
 
-CONFIG_FILE = "rl_agent_config.json"
+CONFIG_FILE = AGENT_CONFIG_FILE
 WEIGHTS_FILE = "model.safetensors"
-ENCODER_CONFIG_FILE = os.path.join("encoder", "config.json")
 TOKENIZER_FILE = os.path.join("tokenizer", "tokenizer.json")
 TOKENIZER_CONFIG_FILE = os.path.join("tokenizer", "tokenizer_config.json")
 SPECIAL_TOKENS_MAP_FILE = os.path.join("tokenizer", "special_tokens_map.json")
@@ -42,16 +41,9 @@ PINNED_REVISIONS = {
 REVIEWED = "reviewed"
 
 OPTION_LAYOUTS = ("sequential", "parallel")
-LAYER_TYPES = ("full_attention", "sliding_attention")
 # Upstream defaults (agent.py / common.py) for optional rl_agent_config.json keys.
 DEFAULT_MAX_LEN = 512
 DEFAULT_HEAD_MAX_LEN = 192
-# transformers' ModernBertConfig defaults for keys an older config may omit.
-DEFAULT_GLOBAL_ROPE_THETA = 160000.0
-DEFAULT_LOCAL_ROPE_THETA = 10000.0
-DEFAULT_LOCAL_ATTENTION = 128
-DEFAULT_GLOBAL_EVERY = 3
-DEFAULT_NORM_EPS = 1e-5
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -81,23 +73,9 @@ class Checkpoint:
     # rl_agent_config.json, with upstream's defaults applied
     max_len: int
     head_max_len: int
-    head_layers: int
-    n_act: int
     option_layout: str
     amp_dtype: str | None
-    # encoder/config.json
-    hidden_size: int
-    num_layers: int
-    heads: int
-    intermediate_size: int
-    local_attention: int
-    global_rope_theta: float
-    local_rope_theta: float
-    layer_types: tuple[str, ...]
-    vocab_size: int
-    norm_eps: float
-    encoder_dtype: str | None    # `dtype` (or 4.x `torch_dtype`): upstream builds the encoder in it (G2)
-    head_heads: int              # decision-head attention heads: max(1, hidden // 64) as upstream
+    net: NetSpec                 # the network both configs describe (netspec.py, shared with the engines)
     special: SpecialTokens
     tensor_shapes: dict[str, tuple[int, ...]] = field(repr=False)
 
@@ -188,46 +166,19 @@ def _validate(path: str, source: str, revision: str | None) -> Checkpoint:
     cfg = read_json_object(files[CONFIG_FILE])
     ecfg = read_json_object(files[ENCODER_CONFIG_FILE])
     head = _agent_fields(files[CONFIG_FILE], cfg)
-    enc = _encoder_fields(files[ENCODER_CONFIG_FILE], ecfg)
-    special = _special_tokens(path, enc["vocab_size"])
-    dims = Dims(vocab_size=enc["vocab_size"], hidden_size=enc["hidden_size"], num_layers=enc["num_layers"],
-                intermediate_size=enc["intermediate_size"], head_layers=head["head_layers"], n_act=head["n_act"])
-    head_heads = max(1, enc["hidden_size"] // 64)
-    if enc["hidden_size"] % head_heads:
-        raise CheckpointError(files[ENCODER_CONFIG_FILE], "hidden_size %d is not divisible by the decision "
-                              "head's %d attention heads" % (enc["hidden_size"], head_heads))
-    shapes = tensor_shapes(dims)
+    net = parse_net_spec(files[CONFIG_FILE], cfg, files[ENCODER_CONFIG_FILE], ecfg)
+    special = _special_tokens(path, net.vocab_size)
+    shapes = tensor_shapes(net.dims)
     _check_tensors(files[WEIGHTS_FILE], shapes)
     return Checkpoint(path=path, source=source, revision=revision, config=cfg, encoder_config=ecfg,
                       tokenizer_dir=os.path.join(path, "tokenizer"), weights_path=files[WEIGHTS_FILE],
-                      special=special, head_heads=head_heads, tensor_shapes=shapes, **head, **enc)
-
-
-def _int(path: str, obj: dict, key: str, default: int | None = None, minimum: int = 1) -> int:
-    if key not in obj:
-        if default is None:
-            raise CheckpointError(path, "missing required key %r" % key)
-        return default
-    v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise CheckpointError(path, "%r must be an integer >= %d, found %r" % (key, minimum, v))
-    return v
-
-
-def _float(path: str, obj: dict, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise CheckpointError(path, "%r must be a positive number, found %r" % (key, value))
-    return float(value)
+                      net=net, special=special, tensor_shapes=shapes, **head)
 
 
 def _agent_fields(path: str, cfg: dict) -> dict:
-    """rl_agent_config.json: the keys upstream requires (`encoder`, `head_layers`) and reads."""
+    """rl_agent_config.json beyond the network (netspec.py): the keys upstream requires and reads."""
     if "encoder" not in cfg:
         raise CheckpointError(path, "missing required key 'encoder'")
-    head_layers = _int(path, cfg, "head_layers", minimum=0)
-    act_costs = cfg.get("act_costs", {})
-    if not isinstance(act_costs, (dict, list)):
-        raise CheckpointError(path, "'act_costs' must be a mapping (only its length is used), found %r" % (act_costs,))
     raw_temperatures(cfg, path)   # shape only; the clamp (and its warning) is Temperatures.from_config's
     layout = cfg.get("option_layout", "sequential")
     if layout not in OPTION_LAYOUTS:
@@ -236,51 +187,9 @@ def _agent_fields(path: str, cfg: dict) -> dict:
     amp = cfg.get("amp_dtype")
     if amp is not None and not isinstance(amp, str):
         raise CheckpointError(path, "'amp_dtype' must be a string, found %r" % (amp,))
-    return {"max_len": _int(path, cfg, "max_len", DEFAULT_MAX_LEN),
-            "head_max_len": _int(path, cfg, "head_max_len", DEFAULT_HEAD_MAX_LEN),
-            "head_layers": head_layers, "n_act": len(act_costs) + 1,
+    return {"max_len": config_int(path, cfg, "max_len", DEFAULT_MAX_LEN),
+            "head_max_len": config_int(path, cfg, "head_max_len", DEFAULT_HEAD_MAX_LEN),
             "option_layout": layout, "amp_dtype": amp}
-
-
-def _encoder_fields(path: str, e: dict) -> dict:
-    """encoder/config.json: a ModernBERT config, read the way transformers 5 / upstream read it."""
-    if e.get("model_type") != "modernbert":
-        raise CheckpointError(path, "model_type must be 'modernbert', found %r" % (e.get("model_type"),))
-    if e.get("hidden_activation", "gelu") != "gelu":
-        raise CheckpointError(path, "hidden_activation %r is not supported (ModernBERT uses 'gelu')"
-                              % (e.get("hidden_activation"),))
-    hidden = _int(path, e, "hidden_size")
-    layers = _int(path, e, "num_hidden_layers")
-    heads = _int(path, e, "num_attention_heads")
-    if hidden % heads:
-        raise CheckpointError(path, "hidden_size %d is not divisible by num_attention_heads %d" % (hidden, heads))
-    layer_types = e.get("layer_types")
-    if layer_types is None:
-        every = _int(path, e, "global_attn_every_n_layers", DEFAULT_GLOBAL_EVERY)
-        layer_types = ["full_attention" if i % every == 0 else "sliding_attention" for i in range(layers)]
-    if not isinstance(layer_types, list) or len(layer_types) != layers or \
-            any(t not in LAYER_TYPES for t in layer_types):
-        raise CheckpointError(path, "'layer_types' must list %d entries of %s, found %r"
-                              % (layers, "/".join(LAYER_TYPES), layer_types))
-    thetas = []
-    rope = e.get("rope_parameters")
-    for layer_type, legacy, default in (("full_attention", "global_rope_theta", DEFAULT_GLOBAL_ROPE_THETA),
-                                        ("sliding_attention", "local_rope_theta", DEFAULT_LOCAL_ROPE_THETA)):
-        theta = None
-        if isinstance(rope, dict):
-            params = rope.get(layer_type)
-            theta = params.get("rope_theta") if isinstance(params, dict) else rope.get("rope_theta")
-        if theta is None:
-            theta = e.get(legacy, default)
-        thetas.append(_float(path, e, "rope_theta of %s" % layer_type, theta))
-    norm_eps = _float(path, e, "norm_eps", e.get("norm_eps", DEFAULT_NORM_EPS))
-    dtype = e.get("dtype", e.get("torch_dtype"))
-    return {"hidden_size": hidden, "num_layers": layers, "heads": heads,
-            "intermediate_size": _int(path, e, "intermediate_size"),
-            "local_attention": _int(path, e, "local_attention", DEFAULT_LOCAL_ATTENTION),
-            "global_rope_theta": thetas[0], "local_rope_theta": thetas[1],
-            "layer_types": tuple(layer_types), "vocab_size": _int(path, e, "vocab_size"),
-            "norm_eps": norm_eps, "encoder_dtype": dtype if isinstance(dtype, str) else None}
 
 
 def _special_tokens(path: str, vocab_size: int) -> SpecialTokens:

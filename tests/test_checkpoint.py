@@ -67,17 +67,18 @@ def test_our_reading_matches_upstreams_model(preset_ckpt, upstream_agent):
     _, path = preset_ckpt
     agent = upstream_agent(path)
     ck = open_checkpoint(path)
-    ecfg = agent.model.encoder.config
-    assert (ck.hidden_size, ck.num_layers, ck.heads, ck.intermediate_size, ck.vocab_size) == (
+    net, ecfg = ck.net, agent.model.encoder.config
+    assert (net.hidden_size, net.num_layers, net.heads, net.intermediate_size, net.vocab_size) == (
         ecfg.hidden_size, ecfg.num_hidden_layers, ecfg.num_attention_heads, ecfg.intermediate_size,
         ecfg.vocab_size)
-    assert ck.local_attention == ecfg.local_attention and list(ck.layer_types) == list(ecfg.layer_types)
-    assert (ck.global_rope_theta, ck.local_rope_theta) == (
-        ecfg.rope_parameters["full_attention"]["rope_theta"], ecfg.rope_parameters["sliding_attention"]["rope_theta"])
-    assert ck.norm_eps == ecfg.norm_eps
+    assert net.local_attention == ecfg.local_attention and list(net.layer_types) == list(ecfg.layer_types)
+    assert net.sliding_window == ecfg.sliding_window
+    assert net.rope_theta == {kind: p["rope_theta"] for kind, p in ecfg.rope_parameters.items()}
+    assert net.norm_eps == ecfg.norm_eps
     assert {k: tuple(v.shape) for k, v in agent.model.state_dict().items()} == ck.tensor_shapes
-    assert ck.head_heads == agent.model.head.layers[0].self_attn.num_heads
-    assert ck.n_act == agent.model.act_head[2].out_features
+    assert net.head_layers == len(agent.model.head.layers)
+    assert net.head_heads == agent.model.head.layers[0].self_attn.num_heads
+    assert net.n_act == agent.model.act_head[2].out_features
     tok = agent.tok
     sp = ck.special
     assert (sp.cls, sp.sep, sp.pad, sp.mask) == (tok.cls_token, tok.sep_token, tok.pad_token, tok.mask_token)
@@ -232,6 +233,15 @@ CORRUPTIONS = [
     ("rope_theta", _edit_json("encoder/config.json",
                               lambda c: c["rope_parameters"]["sliding_attention"].update(rope_theta=-1)),
      "encoder/config.json", "rope_theta"),
+    ("rope_not_per_layer_type", _edit_json("encoder/config.json", lambda c: c.update(rope_parameters={"rope_theta": 1e4})),
+     "encoder/config.json", "'rope_parameters' must map"),
+    ("rope_type", _edit_json("encoder/config.json",
+                             lambda c: c["rope_parameters"]["full_attention"].update(rope_type="linear")),
+     "encoder/config.json", "rope_type 'linear'"),
+    ("attention_bias", _edit_json("encoder/config.json", lambda c: c.update(attention_bias=True)),
+     "encoder/config.json", "attention_bias=True is not supported"),
+    ("encoder_dtype", _edit_json("encoder/config.json", lambda c: c.update(dtype="float64")),
+     "encoder/config.json", "dtype 'float64' is not supported"),
     ("vocab_mismatch", _edit_json("encoder/config.json", lambda c: c.update(vocab_size=c["vocab_size"] + 64)),
      "model.safetensors", "encoder.embeddings.tok_embeddings.weight: expected"),
     ("hidden_mismatch", _edit_json("encoder/config.json", lambda c: c.update(intermediate_size=128)),
@@ -288,8 +298,23 @@ def test_legacy_rope_keys_and_missing_layer_types(tiny_ml_ckpt, tmp_path):
         c.update(global_rope_theta=160000.0, local_rope_theta=160000.0, global_attn_every_n_layers=3)
     _edit_json("encoder/config.json", legacy)(root)
     ck = open_checkpoint(root)
-    assert (ck.global_rope_theta, ck.local_rope_theta) == (160000.0, 160000.0)
-    assert ck.layer_types == ("full_attention", "sliding_attention", "sliding_attention", "full_attention")
+    assert ck.net.rope_theta == {"full_attention": 160000.0, "sliding_attention": 160000.0}
+    assert ck.net.layer_types == ("full_attention", "sliding_attention", "sliding_attention", "full_attention")
+
+
+def test_rope_thetas_default_as_transformers_does(tiny_ckpt, tmp_path):
+    """No theta anywhere: ModernBertConfig.default_theta per layer type; a legacy key wins over it."""
+    from transformers import ModernBertConfig
+    root = str(tmp_path / "c")
+    shutil.copytree(tiny_ckpt, root)
+
+    def drop(c):
+        c.pop("rope_parameters"), c.update(local_rope_theta=5000.0)
+    _edit_json("encoder/config.json", drop)(root)
+    with open(os.path.join(root, "encoder", "config.json")) as f:
+        expected = ModernBertConfig(**json.load(f)).rope_parameters
+    assert open_checkpoint(root).net.rope_theta == {k: p["rope_theta"] for k, p in expected.items()} == {
+        "full_attention": 160000.0, "sliding_attention": 5000.0}
 
 
 # ------------------------------------------------------------------------ sources
