@@ -66,11 +66,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    "--device, with a value (e.g. --require-device gpu, --require-device cuda:1) it requires that one")
     flags.add(p, "--max-loaded", env="LAYA_MAX_LOADED", default=2, type=int,
               help="checkpoints kept resident at once; the least recently used is evicted beyond this")
-    flags.add(p, "--preload", env="LAYA_PRELOAD", append=True, metavar="NAME",
+    flags.add(p, "--preload", env="LAYA_MODELS", append=True, metavar="NAME",
               help="checkpoints to load and warm before reporting ready (default: all configured, up to --max-loaded)")
-    flags.add(p, "--max-batch-tokens", env="LAYA_MAX_BATCH_TOKENS", default=16384, type=int,
+    flags.add(p, "--max-batch-tokens", env="LAYA_INFERENCE_MAX_BATCH_TOKENS", default=16384, type=int,
               help="padded tokens per forward pass when requests are batched together")
-    flags.add(p, "--max-batch-rows", env="LAYA_MAX_BATCH_ROWS", default=256, type=int,
+    flags.add(p, "--max-batch-rows", env="LAYA_INFERENCE_MAX_BATCH_ROWS", default=256, type=int,
               help="rows (state x question) per forward pass")
     flags.add(p, "--max-wait-ms", env="LAYA_MAX_WAIT_MS", default=0.0, type=float,
               help="extra time to wait for more requests before a forward; 0 = batch only what queued while busy")
