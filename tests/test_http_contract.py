@@ -96,16 +96,25 @@ def upstream(upstream_router):
         client.__exit__(None, None, None)
 
 
-@pytest.fixture(scope="module")
-def gateway(checkpoints):
-    """env -> base URL of the real `laya-grpc serve` (tokenizer + inference + gateway) under that env."""
+def _backends():
+    try:
+        import mlx.core  # noqa: F401
+        return ["torch", "mlx"]
+    except ImportError:
+        return ["torch"]
+
+
+@pytest.fixture(scope="module", params=_backends())
+def gateway(request, checkpoints):
+    """env -> base URL of the real `laya-grpc serve` (tokenizer + inference + gateway) under that env;
+    the whole contract runs against the torch and the MLX backend (MLX on the CPU on Linux)."""
     from stack import Stack
     stacks: dict = {}
 
     def get(env: dict | None = None) -> str:
         key = tuple(sorted((env or {}).items()))
         if key not in stacks:
-            stack = Stack(checkpoints, env=dict(env or {}))
+            stack = Stack(checkpoints, env=dict(env or {}), extra_args=["--backend", request.param])
             stacks[key] = stack.__enter__()
         return stacks[key].http
 
