@@ -6,7 +6,6 @@ result dict is packed into typed messages plus its exact JSON.
 """
 from __future__ import annotations
 
-import contextlib
 import hmac
 import json
 import time
@@ -141,20 +140,6 @@ def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> None:
     msg.json = body
 
 
-@contextlib.contextmanager
-def _measured(route: str):
-    t0, status = time.perf_counter(), 500
-    try:
-        yield
-        status = 200
-    except LayaError as e:
-        status = e.kind.http_status
-        raise
-    finally:
-        metrics.REQUESTS.labels("grpc", route, str(status)).inc()
-        metrics.REQUEST_SECONDS.labels("grpc", route).observe(time.perf_counter() - t0)
-
-
 class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
     def __init__(self, decider: Decider, api_key: Optional[str], max_token_budget: int):
         self.decider, self.max_token_budget = decider, max_token_budget
@@ -169,12 +154,12 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     @rpc.servicer_errors
     async def Decide(self, request, context):
-        with _measured("decide"):
+        with metrics.measured("grpc", "decide"):
             return await self._decide(request, context)
 
     @rpc.servicer_errors
     async def DecideBatch(self, request, context):
-        with _measured("batch"):
+        with metrics.measured("grpc", "batch"):
             return await self._decide_batch(request, context)
 
     async def _decide(self, request, context):

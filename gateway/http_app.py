@@ -71,17 +71,8 @@ def build_app(decider: Decider, settings: GatewaySettings) -> Starlette:
 
     def decision_route(route: str, parse: Callable, run: Callable[[Any], Awaitable[dict]]):
         async def endpoint(request: Request) -> Response:
-            t0, status = time.perf_counter(), 500
-            try:
-                response = await answer(request)
-                status = response.status_code
-                return response
-            except LayaError as error:
-                status = error.kind.http_status
-                raise
-            finally:
-                metrics.REQUESTS.labels("http", route, str(status)).inc()
-                metrics.REQUEST_SECONDS.labels("http", route).observe(time.perf_counter() - t0)
+            with metrics.measured("http", route):
+                return await answer(request)
 
         async def answer(request: Request) -> Response:
             if not authorized(request):

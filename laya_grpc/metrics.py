@@ -6,6 +6,9 @@ PORT+2+i). Upstream's HTTP API has no /metrics route, so neither does the gatewa
 """
 from __future__ import annotations
 
+import contextlib
+import time
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 _LATENCY = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096)
@@ -32,6 +35,22 @@ CHECKPOINT_READY = Gauge("laya_inference_checkpoint_ready", "1 when the checkpoi
 # tokenizer
 TOKENIZE_JOBS = Histogram("laya_tokenizer_jobs_per_batch", "Requests sharing one encode_batch call",
                           buckets=(1, 2, 4, 8, 16, 32, 64))
+
+
+@contextlib.contextmanager
+def measured(api: str, route: str):
+    """Count and time one decision request; the status is the HTTP one (200 or its error's kind)."""
+    from laya_grpc.errors import LayaError
+    t0, status = time.perf_counter(), 500
+    try:
+        yield
+        status = 200
+    except LayaError as e:
+        status = e.kind.http_status
+        raise
+    finally:
+        REQUESTS.labels(api, route, str(status)).inc()
+        REQUEST_SECONDS.labels(api, route).observe(time.perf_counter() - t0)
 
 
 def add_flag(parser, env: str) -> None:
