@@ -42,8 +42,8 @@ def write_report(jsonl: str, out_dir: str) -> str:
                 else "-" for i in INPUTS) + " |")
     if by("engine", "latency"):
         L += ["", "Where the time goes (engine, p50 ms): model = padded batch in, numpy out (the GPU part); "
-              "tokenize = encode + pack + pad; gRPC and HTTP add transport, the tokenizer and gateway "
-              "services and decoding on top of the engine's end-to-end figure.", "",
+              "tokenize = encode + pack + pad; engine e2e includes decoding; gRPC and HTTP add transport and "
+              "the tokenizer and gateway services on top of it.", "",
               "| input | model | tokenize | engine e2e | gRPC | HTTP |", "|---|---|---|---|---|---|"]
         for r in by("engine", "latency"):
             i = r["input"]

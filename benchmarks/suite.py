@@ -51,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _defaults(a) -> None:
     smoke = a.smoke
+    if smoke and a.device == "auto":
+        a.device = "cpu"   # smoke mode is the CI check: tiny checkpoints on the CPU wherever it runs
     a.preset = a.preset or ("tiny" if smoke else "large")
     a.iters = a.iters or (5 if smoke else 200)
     a.duration = a.duration or (1.0 if smoke else 5.0)

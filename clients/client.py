@@ -12,7 +12,6 @@ from typing import Any, AsyncIterator, Iterator, Optional
 import grpc
 
 from laya_grpc import rpc
-from laya_grpc.errors import LayaError
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
 
 
@@ -30,15 +29,6 @@ def build_batch(states: list, questions: dict, **controls) -> decision_pb2.Decid
 
 def _metadata(api_key: Optional[str]):
     return (("authorization", "Bearer " + api_key),) if api_key else None
-
-
-def _sync_error(e: grpc.RpcError) -> LayaError:
-    from laya_grpc.errors import KIND_METADATA_KEY, from_grpc
-    kind = None
-    for k, v in (e.trailing_metadata() or ()):
-        if k == KIND_METADATA_KEY:
-            kind = v
-    return from_grpc(e.code(), e.details(), kind)
 
 
 class LayaClient:
@@ -65,7 +55,7 @@ class LayaClient:
             resp = self._decisions.Decide(build_decide(state, questions, **controls), timeout=self.timeout,
                                           metadata=self._md)
         except grpc.RpcError as e:
-            raise _sync_error(e) from None
+            raise rpc.error_from_rpc(e, "gateway") from None
         return json.loads(resp.json)
 
     def decide_batch(self, states: list, questions: dict, **controls) -> dict:
@@ -73,7 +63,7 @@ class LayaClient:
             resp = self._decisions.DecideBatch(build_batch(states, questions, **controls), timeout=self.timeout,
                                                metadata=self._md)
         except grpc.RpcError as e:
-            raise _sync_error(e) from None
+            raise rpc.error_from_rpc(e, "gateway") from None
         return json.loads(resp.json)
 
     def status(self) -> decision_pb2.StatusEvent:

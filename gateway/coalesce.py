@@ -26,7 +26,6 @@ class InferCoalescer:
     def __init__(self, call: Callable[[str, PackedRows], Awaitable], max_inflight: int = 2, max_rows: int = 256):
         self._call, self.max_inflight, self.max_rows = call, max_inflight, max_rows
         self._lanes: dict[str, _Lane] = {}
-        self.calls = 0
 
     async def submit(self, checkpoint: str, rows: PackedRows):
         """(response, merged rows, index of this request's first row in them)."""
@@ -53,7 +52,6 @@ class InferCoalescer:
     async def _run(self, checkpoint: str, lane: _Lane, batch: list) -> None:
         try:
             merged = PackedRows.concat([rows for rows, _ in batch])
-            self.calls += 1
             metrics.INFER_CALL_REQUESTS.observe(len(batch))
             resp = await self._call(checkpoint, merged)
             start = 0

@@ -17,12 +17,11 @@ Each failure is `LayaError(kind, upstream's detail)`.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from laya_grpc.confidence_gate import Threshold, check_min_confidence
-from laya_grpc.controls import token_budget
+from laya_grpc.controls import LONE_SURROGATE_DETAIL, has_lone_surrogate, token_budget
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.questions import Question, check_request_limits, parse_questions
 from laya_grpc.routing import RouteTable, check_language_param, resolve_model
@@ -32,9 +31,6 @@ MAX_BATCH_STATES = 64
 BODY_REFUSALS = ("hooks", "on_predict_start", "on_predict_end", "hooks_raise", "hooks_timeout")
 BATCH_OUT_PARAMETERS = ("diagnostics",)
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-LONE_SURROGATE_DETAIL = ("request body contains an unpaired surrogate escape; "
-                         "those cannot be encoded as UTF-8")
 
 @dataclass
 class Controls:
@@ -82,20 +78,6 @@ def _refuse(body: dict, keys: tuple[str, ...], text: str) -> None:
         raise LayaError(Kind.INVALID, text % ", ".join(given))
 
 
-def has_lone_surrogate(value: Any) -> bool:
-    """Any string or key anywhere holding an unpaired surrogate (cannot be encoded as UTF-8)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if _LONE_SURROGATE.search(item):
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
 
 
 # -- controls -----------------------------------------------------------------------------------

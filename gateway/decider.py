@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from laya_grpc.confidence_gate import Threshold, apply_gate
-from laya_grpc.decode import add_serve_fields, decode_answer, project_jev_strict
+from laya_grpc.decode import MODEL_TAG, add_serve_fields, decode_answer, empty_result, project_jev_strict
 from laya_grpc.questions import Question
 from laya_grpc.routing import RouteTable, Routing, route
 from laya_grpc.temperatures import Temperatures
@@ -24,7 +24,6 @@ from .contract import BatchRequest, Controls, DecideRequest
 from .services import Services
 from .settings import GatewaySettings
 
-MODEL_TAG = "laya-rl-agent"   # upstream's constant family tag; the checkpoint is routing.model
 
 
 class Decider:
@@ -74,7 +73,7 @@ class Decider:
         """`Agent.predict_batch` for states routed to one checkpoint (before the gate)."""
         if not questions:
             # Upstream answers without tokenizing or running the network.
-            return [{"model": MODEL_TAG, "answers": {}, "usage": {"input_tokens": 0, "output_tokens": 0}}
+            return [empty_result()
                     for _ in states]
         temperatures = await self._temperatures_of(checkpoint)
         encoded = await self.services.tokenize(checkpoint, list(states), questions,

@@ -19,10 +19,10 @@ from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
 from .admission import MAX_BODY_BYTES, TOO_LARGE_DETAIL
 from .contract import parse_batch_body, parse_decide_body
 from .decider import Decider
+from .http_app import UNAUTHORIZED_DETAIL
 from .render import render_json
 
 S = status_pb2
-UNAUTHORIZED_DETAIL = "invalid or missing bearer token"
 
 
 def _json(text: str, what: str) -> Any:
@@ -143,7 +143,8 @@ def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> None:
 class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
     def __init__(self, decider: Decider, api_key: Optional[str], max_token_budget: int):
         self.decider, self.max_token_budget = decider, max_token_budget
-        self._expected = ("Bearer " + api_key).encode() if api_key else None
+        # as the HTTP side: bytes with surrogateescape, so any key or header compares, never raises
+        self._expected = ("Bearer " + api_key).encode("utf-8", "surrogateescape") if api_key else None
 
     def _auth(self, context) -> None:
         if self._expected is None:
@@ -188,12 +189,11 @@ class StatusServicer(decision_pb2_grpc.StatusServiceServicer):
 
     def __init__(self, services, feed: ChangeFeed, address: str, heartbeat_s: float = 2.0):
         self.services, self.feed, self.address, self.heartbeat_s = services, feed, address, heartbeat_s
-        self.state, self.detail = S.STARTING, ""
 
     def event(self, reason: str) -> decision_pb2.StatusEvent:
         ev = decision_pb2.StatusEvent(sequence=self.feed.sequence, time_unix=time.time(),
                                       ready=self.services.ready(), reason=reason)
-        ev.services.add(service="gateway", state=S.READY if ev.ready else self.state, detail=self.detail,
+        ev.services.add(service="gateway", state=S.READY if ev.ready else S.STARTING,
                         instance_id=self.feed.instance_id, sequence=self.feed.sequence, time_unix=ev.time_unix,
                         started_unix=self.feed.started, address=self.address)
         for b in self.services.backends:

@@ -64,6 +64,7 @@ class RemoteServices:
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._tasks: list[asyncio.Task] = []
         self._coalescer = InferCoalescer(self._infer_call)
+        self._infos: dict = {}   # name -> (config_json, CheckpointInfo)
         self.warm = False        # set by the gateway after a warm-up request through every ready checkpoint
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -162,14 +163,16 @@ class RemoteServices:
 
     async def infer(self, checkpoint: str, rows) -> InferResult:
         packed = PackedRows.concat(list(rows)) if isinstance(rows, (list, tuple)) else rows
+        st = self._checkpoint_status(checkpoint)
+        if st is not None and st.max_row_tokens:   # refuse here: in a shared Infer call it would fail the others
+            packed.validate(max_len=st.max_row_tokens)
         resp, merged, start = await self._coalescer.submit(checkpoint, packed)
         flat = np.frombuffer(resp.logits, dtype="<f4")
         offs = merged.marker_offsets
         n_act = max(1, resp.n_act)
         act = np.frombuffer(resp.act_logits, dtype="<f4").reshape(merged.n, n_act)
         idx = range(start, start + packed.n)
-        return InferResult(logits=[flat[offs[i]:offs[i + 1]] for i in idx], act_logits=[act[i] for i in idx],
-                           device=resp.device, model_ms=resp.model_ms)
+        return InferResult(logits=[flat[offs[i]:offs[i + 1]] for i in idx], act_logits=[act[i] for i in idx])
 
     async def _infer_call(self, checkpoint: str, rows: PackedRows):
         req = inference_pb2.InferRequest(checkpoint=checkpoint)
@@ -187,8 +190,11 @@ class RemoteServices:
                                                     timeout=self.infer_timeout_s)
             except grpc.aio.AioRpcError as e:
                 raise rpc.error_from_rpc(e, "inference service") from None
-        return CheckpointInfo(name=st.name, config=json.loads(st.config_json), max_len=st.max_len,
-                              head_max_len=st.head_max_len, source=st.source, revision=st.revision, sha256=st.sha256)
+        cached = self._infos.get(st.name)
+        if cached is None or cached[0] != st.config_json:   # parse a checkpoint's config once, not per request
+            cached = self._infos[st.name] = (st.config_json, CheckpointInfo(
+                name=st.name, config=json.loads(st.config_json), revision=st.revision, sha256=st.sha256))
+        return cached[1]
 
     def _checkpoint_status(self, name: str):
         st = self.inference.status

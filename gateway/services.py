@@ -7,7 +7,7 @@ gateway never imports torch or mlx.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -18,8 +18,6 @@ class InferResult:
     """Raw network outputs for a list of rows, in row order."""
     logits: list[np.ndarray]        # per row: float32 [k] option logits in slot order
     act_logits: list[np.ndarray]    # per row: float32 [n_act]
-    device: str = ""                # where it really ran, e.g. "cuda:0", "cpu"
-    model_ms: float = 0.0
 
 
 @dataclass
@@ -27,12 +25,8 @@ class CheckpointInfo:
     """What the gateway must know about a served checkpoint (read from the inference service)."""
     name: str
     config: dict                    # rl_agent_config.json, for temperatures
-    max_len: int
-    head_max_len: int
-    source: str                     # what routing.repo shows
     revision: str = ""
     sha256: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 class Services(Protocol):

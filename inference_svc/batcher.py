@@ -79,9 +79,6 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name="laya-device", daemon=True)
         self.keep_warm_s = keep_warm_s
         self._last: Optional[tuple[str, PackedRows]] = None   # (checkpoint, one real row) for keep-warm
-        self.busy = False
-        self.batches = 0
-        self.rows_done = 0
         self.keep_warm_runs = 0
 
     def start(self) -> None:
@@ -184,11 +181,7 @@ class Batcher:
             jobs = [j for j in jobs if not j.future.cancelled()]
             if not jobs:
                 continue
-            self.busy = True
-            try:
-                self._run_batch(jobs)
-            finally:
-                self.busy = False
+            self._run_batch(jobs)
 
     def _keep_warm(self, job: _KeepWarm) -> None:
         """One discarded forward of a real row's shape: keeps the GPU clocked up while idle."""
@@ -207,15 +200,31 @@ class Batcher:
         except BaseException as e:  # noqa: BLE001 - delivered to the awaiting coroutine
             job.loop.call_soon_threadsafe(_set_exception, job.future, e)
 
+    def _forward_within_budget(self, checkpoint: str, rows: PackedRows) -> tuple[list, np.ndarray]:
+        """Per-row logits (float32 [k]) and act logits for `rows`. Rows whose padded cost exceeds
+        the token budget (one large request, or several coalesced by a gateway) run as several
+        forwards that each fit it, so no batch lands in a shape the warmup did not prepare."""
+        runner = self._get_runner(checkpoint)
+        cost = self._padded_cost(checkpoint)
+        L = -(-int(rows.lengths.max()) // self.length_multiple) * self.length_multiple
+        per = rows.n
+        while per > 1 and cost(per, L) > self.max_batch_tokens:
+            per = (per + 1) // 2
+        pad_id, counts = self._pad_id_of(checkpoint), rows.marker_counts
+        logits, acts = [], []
+        for a in range(0, rows.n, per):
+            idx = range(a, min(a + per, rows.n))
+            part = rows if per >= rows.n else rows.take(idx)
+            lg, ac = runner.forward(part.pad(pad_id, pad_to=L))
+            logits += [lg[i - a, : int(counts[i])].astype(np.float32, copy=True) for i in idx]
+            acts.append(ac[: len(idx)])
+        return logits, np.concatenate(acts).astype(np.float32, copy=True)
+
     def _run_batch(self, jobs: list[_Job]) -> None:
         start = time.perf_counter()
         try:
-            runner = self._get_runner(jobs[0].checkpoint)
             rows = PackedRows.concat([j.rows for j in jobs])
-            L = int(rows.lengths.max())
-            L = -(-L // self.length_multiple) * self.length_multiple
-            batch = rows.pad(self._pad_id_of(jobs[0].checkpoint), pad_to=L)
-            logits, act = runner.forward(batch)
+            logits, act = self._forward_within_budget(jobs[0].checkpoint, rows)
         except BaseException as e:  # noqa: BLE001
             err = e if isinstance(e, LayaError) else LayaError(Kind.INTERNAL, "forward failed: %s: %s" % (type(e).__name__, e))
             if not isinstance(e, LayaError):
@@ -229,15 +238,11 @@ class Batcher:
         metrics.QUEUE_DEPTH.set(self.depth)
         if self.keep_warm_s > 0:
             self._last = (jobs[0].checkpoint, jobs[0].rows.take([0]))
-        self.batches += 1
-        self.rows_done += rows.n
         at = 0
         for j in jobs:
-            counts = j.rows.marker_counts
             n = j.rows.n
             res = BatchResult(
-                logits=[logits[at + i, : int(counts[i])].astype(np.float32, copy=True) for i in range(n)],
-                act_logits=act[at: at + n].astype(np.float32, copy=True),
+                logits=logits[at: at + n], act_logits=act[at: at + n],
                 queue_ms=(start - j.enqueued) * 1e3, model_ms=model_ms, batch_rows=rows.n)
             at += n
             j.loop.call_soon_threadsafe(_set_result, j.future, res)

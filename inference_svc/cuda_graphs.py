@@ -1,7 +1,8 @@
 """Static-shape buckets and a bounded cache of captured CUDA graphs for the torch runner.
 
-A 421M encoder at one short row is ~400 small kernels: launched eagerly the CPU is the
-bottleneck (~15-20 ms), replayed from a CUDA graph the GPU is. Graphs need fixed shapes, so
+At one short row the 421M encoder is hundreds of small kernels, so launched eagerly the CPU is
+the bottleneck; replayed from a CUDA graph only the GPU time is left (3.0 ms on an H200,
+docs/performance.md). Graphs need fixed shapes, so
 every batch is padded up to a bucket (rows: powers of two; tokens: a short list of steps;
 markers: powers of two from `min_markers`), and each bucket is captured once, with its own
 static device input buffer and a pinned host twin, so a request costs one host->device copy,
@@ -147,9 +148,6 @@ class GraphCache:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._entries
 
     def keys(self) -> list:
         return list(self._entries)

@@ -90,7 +90,7 @@ def torch_dtype(name: Optional[str], device: str):
     declares, fp32 for every published config; head fp32), so CPU stays exact to upstream; on
     CUDA and MPS float16, the checkpoint's stored precision. float16 rather than bfloat16 on CUDA:
     on the large checkpoint bf16 moved probabilities by up to 0.029 against CPU fp32, float16 by
-    0.0064, at the same speed (benchmarks/results/h200-*)."""
+    0.0064 (benchmarks/results/h200-*)."""
     import torch
     if name and name != "auto":
         if name not in _TORCH_DTYPES:

@@ -48,7 +48,7 @@ class TorchRunner:
         spec = self.model.spec
         self.vocab_size = spec.vocab_size
         self.n_act = spec.n_act
-        self.max_positions = 1 << 30   # RoPE has no hard table; budgets are enforced by the tokenizer
+        self.max_positions = 1 << 30   # eager: RoPE has no hard table; budgets come from the tokenizer
         self._dev = torch.device(device)
         self.max_batch_tokens = max_batch_tokens
         self.graphs = None
@@ -58,10 +58,13 @@ class TorchRunner:
             plan = BucketPlan(max_rows=max_rows, max_tokens=int(cfg.get("max_len", 512)))
             self.graphs = CudaGraphForward(self.model, self._dev, plan,
                                            parallel=cfg.get("option_layout", "sequential") == "parallel")
+            # the graphs and the RoPE tables they read are sized for the checkpoint's max_len; a longer
+            # row (a per-request max_len above it) is refused per request by the inference service
+            self.max_positions = plan.max_tokens
 
     def warm(self) -> int:
         """Capture the CUDA graph of every bucket a batch within the token budget can use (before
-        ready, so live traffic never captures); returns how many graphs are resident."""
+        ready; the batcher keeps batches within that budget); returns how many graphs are resident."""
         if self.graphs is None:
             return 0
         self.graphs.warm(self.graphs.plan.warm_buckets(self.max_batch_tokens))

@@ -42,7 +42,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.inflight += 1
         try:
             slot = await self.registry.ensure(request.checkpoint)
-            rows = PackedRows.from_proto(request.rows, vocab_size=slot.runner.vocab_size)
+            rows = PackedRows.from_proto(request.rows, vocab_size=slot.runner.vocab_size,
+                                         max_len=slot.runner.max_positions)
             if rows.fingerprint and rows.fingerprint != slot.fingerprint:
                 raise LayaError(Kind.INVALID, "token rows were made by another tokenizer (fingerprint %s..., checkpoint "
                                 "%r has %s...)" % (rows.fingerprint[:12], slot.name, slot.fingerprint[:12]))

@@ -59,8 +59,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--device", env="LAYA_DEVICE", default="auto",
               help="auto picks CUDA, then MPS, then CPU; or cpu, cuda, cuda:N, mps (mlx: gpu or cpu)")
     flags.add(p, "--dtype", env="LAYA_DTYPE", default="auto",
-              help="auto = float32 on CPU (exact to upstream), the checkpoint's 16-bit precision on GPUs "
-                   "(bfloat16 on CUDA with bf16 support, else float16); or float32, float16, bfloat16")
+              help="auto = float32 on CPU (exact to upstream), float16 on CUDA and MPS (the checkpoint's stored "
+                   "precision; bfloat16 missed the parity tolerance on an H200); or float32, float16, bfloat16")
     flags.add(p, "--require-device", env="LAYA_REQUIRE_DEVICE", nargs="?", const="yes", metavar="DEVICE",
               help="exit non-zero if the device is unavailable instead of falling back to CPU; alone it requires "
                    "--device, with a value (e.g. --require-device gpu, --require-device cuda:1) it requires that one")

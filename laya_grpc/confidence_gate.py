@@ -12,10 +12,11 @@ import math
 from typing import Any, Optional, Union
 
 from .errors import Kind, LayaError
+from .temperatures import QTYPE_NAMES, option_bucket
 
 Threshold = Union[float, dict[str, float]]
 
-BUCKET_QTYPES = ("choice", "score", "noul")
+BUCKET_QTYPES = QTYPE_NAMES
 BUCKET_SIZES = ("2", "3-5", "6-10", "11+")
 DEFAULT_KEY = "default"
 _ALLOWED_KEYS = {"%s:%s" % (qt, size) for qt in BUCKET_QTYPES for size in BUCKET_SIZES} | {DEFAULT_KEY}
@@ -70,8 +71,7 @@ def _answer_bucket(answer: dict) -> Optional[str]:
         k = 2
     else:
         return None
-    size = "2" if k <= 2 else "3-5" if k <= 5 else "6-10" if k <= 10 else "11+"
-    return "%s:%s" % (qt, size)
+    return option_bucket(BUCKET_QTYPES.index(qt), k)
 
 
 def threshold_for(answer: dict, min_confidence: Threshold) -> float:

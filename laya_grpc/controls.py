@@ -5,9 +5,31 @@ Both read the same `/v1/systemone`-shaped body, so both must refuse a bad `max_l
 """
 from __future__ import annotations
 
-from typing import Optional
+import re
+from typing import Any, Optional
 
 from .errors import Kind, LayaError
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE_DETAIL = ("request body contains an unpaired surrogate escape; "
+                         "those cannot be encoded as UTF-8")
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    """Any string or key anywhere holding an unpaired surrogate (cannot be encoded as UTF-8)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
 
 
 def token_budget(body: dict, key: str, cap: Optional[int] = None) -> Optional[int]:

@@ -55,6 +55,14 @@ def max_confidence(p: np.ndarray, k: int) -> float:
     return 0.0 if val < 0.0 else (1.0 if val > 1.0 else val)
 
 
+MODEL_TAG = "laya-rl-agent"   # upstream's constant family tag; the checkpoint is in routing.model
+
+
+def empty_result() -> dict[str, Any]:
+    """Upstream's answer to an empty question set: no tokenization, no forward pass."""
+    return {"model": MODEL_TAG, "answers": {}, "usage": {"input_tokens": 0, "output_tokens": 0}}
+
+
 def decode_answer(question: Question, option_logits: np.ndarray, act_logits: np.ndarray,
                   temperatures: Temperatures) -> dict[str, Any]:
     """One answer as `Agent.predict` returns it.

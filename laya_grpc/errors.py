@@ -68,7 +68,4 @@ def from_grpc(code: grpc.StatusCode, details: str, kind_name: str | None = None)
     """Rebuild a LayaError from a gRPC failure seen by a client of one of our services."""
     if kind_name and kind_name in Kind.__members__:
         return LayaError(Kind[kind_name], details or "")
-    kind = _BY_GRPC.get(code, Kind.INTERNAL)
-    if code in (grpc.StatusCode.UNAVAILABLE,):
-        kind = Kind.BUSY
-    return LayaError(kind, details or code.name)
+    return LayaError(_BY_GRPC.get(code, Kind.INTERNAL), details or code.name)

@@ -64,5 +64,3 @@ def _dest(names) -> str:
     long = [n for n in names if n.startswith("--")]
     return (long[0] if long else names[0]).lstrip("-").replace("-", "_")
 
-
-bool_type = _parse_bool

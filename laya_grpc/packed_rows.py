@@ -164,7 +164,8 @@ class PackedRows:
         if len(self.ids) and (self.ids.min() < 0 or (vocab_size is not None and self.ids.max() >= vocab_size)):
             bad("token id outside the vocabulary (0..%s)" % ((vocab_size or 0) - 1))
         if max_len is not None and n and int(self.lengths.max()) > max_len:
-            bad("row of %d tokens exceeds the model's %d positions" % (int(self.lengths.max()), max_len))
+            bad("a row of %d tokens is longer than the %d this checkpoint serves on its device (its CUDA graphs are "
+                "built for the checkpoint's max_len); send max_len <= %d" % (int(self.lengths.max()), max_len, max_len))
         if len(self.markers):
             row_of = np.repeat(np.arange(n), self.marker_counts)
             if np.any(self.markers < 0) or np.any(self.markers >= self.lengths[row_of]):

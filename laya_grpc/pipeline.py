@@ -11,14 +11,13 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from .confidence_gate import apply_gate, check_min_confidence
-from .decode import decode_answer
+from .decode import MODEL_TAG, decode_answer, empty_result
 from .errors import Kind, LayaError
 from .packed_rows import PackedRows
 from .questions import Question, parse_questions
 from .sources import open_source
 from .temperatures import Temperatures
 
-MODEL_TAG = "laya-rl-agent"   # upstream's constant family tag, not the checkpoint name
 BACKENDS = ("torch", "mlx")
 
 
@@ -68,7 +67,7 @@ class Predictor:
         if not states:
             return []
         if not questions:
-            return [{"model": MODEL_TAG, "answers": {}, "usage": {"input_tokens": 0, "output_tokens": 0}}
+            return [empty_result()
                     for _ in states]
         parsed = parse_questions(questions)
         chunk = batch_size if batch_size and batch_size > 0 else max(1, len(states))

@@ -17,7 +17,7 @@ import traceback
 from typing import Any, BinaryIO, TextIO
 
 from . import flags
-from .controls import token_budget
+from .controls import LONE_SURROGATE_DETAIL, has_lone_surrogate, token_budget
 from .errors import Kind, LayaError
 
 EPILOG = ("Output: one compact JSON line per non-blank input line, in input order. "
@@ -49,11 +49,8 @@ def answer_line(predictor: Any, text: bytes) -> dict:
         raise LayaError(Kind.BAD_REQUEST, "invalid JSON: %s" % e) from None
     if not isinstance(body, dict) or "questions" not in body:
         raise LayaError(Kind.BAD_REQUEST, "request body must be an object with a 'questions' field")
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise LayaError(Kind.BAD_REQUEST, "request body contains an unpaired surrogate escape; "
-                                          "those cannot be encoded as UTF-8") from None
+    if has_lone_surrogate(body):
+        raise LayaError(Kind.BAD_REQUEST, LONE_SURROGATE_DETAIL)
     if body.get("state") is None:
         raise LayaError(Kind.BAD_REQUEST, "'state' is required")
     if not isinstance(body["questions"], dict):

@@ -30,7 +30,6 @@ SERVER_OPTIONS = _COMMON + [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.so_reuseport", 0),
 ]
 CHANNEL_OPTIONS = _COMMON + [
     ("grpc.keepalive_time_ms", 30_000),
@@ -57,9 +56,9 @@ def target(address: str) -> str:
 def bind(server: grpc.aio.Server, address: str) -> str:
     t = target(address)
     if t.startswith("unix:"):
-        path = t[len("unix:"):].lstrip("/")
-        path = "/" + path if not path.startswith("/") else path
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        path = t[len("unix:"):]
+        path = path[2:] if path.startswith("//") else path      # unix:///abs and unix:/abs; unix:rel stays relative
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         if os.path.exists(path):
             os.unlink(path)  # stale socket of a previous instance
     port = server.add_insecure_port(t)
@@ -75,8 +74,7 @@ def channel(address: str) -> grpc.aio.Channel:
 def server(max_concurrent_rpcs: Optional[int] = None, interceptors=None, reuse_port: bool = False) -> grpc.aio.Server:
     """reuse_port lets several processes serve one TCP port (the kernel spreads connections);
     off by default so that a port already in use is an error, not a silent share."""
-    options = [o for o in SERVER_OPTIONS if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", int(reuse_port))]
-    return grpc.aio.server(options=options, maximum_concurrent_rpcs=max_concurrent_rpcs, interceptors=interceptors)
+    return grpc.aio.server(options=SERVER_OPTIONS + [("grpc.so_reuseport", int(reuse_port))], maximum_concurrent_rpcs=max_concurrent_rpcs, interceptors=interceptors)
 
 
 def add_health_and_reflection(srv: grpc.aio.Server, service_names: Iterable[str]) -> health.aio.HealthServicer:
@@ -115,7 +113,7 @@ def servicer_errors(fn: Callable[..., Awaitable]):
     return wrapped
 
 
-def error_from_rpc(e: grpc.aio.AioRpcError, what: str = "") -> LayaError:
+def error_from_rpc(e: grpc.RpcError, what: str = "") -> LayaError:
     """Turn a failed call to one of our services back into the LayaError it was raised as."""
     kind_name = None
     for k, v in (e.trailing_metadata() or ()):

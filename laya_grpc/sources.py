@@ -2,19 +2,12 @@
 from __future__ import annotations
 
 from laya_grpc.errors import Kind, LayaError
-
-# upstream laya 0.4.15's published checkpoints (the bundle repo holds english at its root)
-HUB_DEFAULTS = {
-    "english": "convaiinnovations/laya",
-    "multilingual": "convaiinnovations/laya/multilingual",
-    "typed-decisions": "convaiinnovations/laya/typed-decisions",
-}
-
+from laya_grpc.routing import BUILTIN_SOURCES
 
 def parse_checkpoint_specs(specs) -> dict:
     """['english=/ckpt/en', 'ml=org/repo/sub@rev'] -> {'english': '/ckpt/en', ...}; none -> hub defaults."""
     if not specs:
-        return dict(HUB_DEFAULTS)
+        return dict(BUILTIN_SOURCES)   # upstream's published checkpoints
     out = {}
     for spec in specs:
         name, sep, source = str(spec).partition("=")
@@ -30,7 +23,9 @@ def parse_checkpoint_specs(specs) -> dict:
 def split_source(source: str) -> tuple:
     """'org/repo/sub@rev' -> ('org/repo', 'sub', 'rev'); an existing local path -> (path, None, None)."""
     import os
-    if os.path.exists(source) or source.startswith(("/", ".", "~")):
+    if source.startswith("~"):
+        source = os.path.expanduser(source)   # as routing.repo shows it
+    if os.path.exists(source) or source.startswith(("/", ".")):
         return source, None, None
     base, _, revision = source.partition("@")
     parts = base.split("/")

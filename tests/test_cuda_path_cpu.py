@@ -113,3 +113,33 @@ def test_batcher_budget_and_keep_warm(tiny_ckpt):
     finally:
         b.stop()
 
+
+
+def test_batcher_splits_a_batch_over_the_token_budget(tiny_ckpt):
+    """One job larger than the budget runs as several forwards that each fit it, with the same
+    answers as one forward (so a coalesced or huge request never needs an uncaptured shape)."""
+    from inference_svc.batcher import Batcher
+    from inference_svc.runners import TorchRunner
+    runner = TorchRunner(tiny_ckpt, "cpu", None)
+    shapes = []
+    forward = runner.forward
+
+    def recording(batch):
+        shapes.append(batch["input_ids"].shape)
+        return forward(batch)
+    runner.forward = recording
+    rows = synthetic_rows(10, 40, 3, runner.vocab_size)
+    whole_logits, whole_act = forward(rows.pad(0, pad_to=40))
+    b = Batcher(lambda name: runner, lambda name: 0, max_batch_tokens=100)
+    b.start()
+    try:
+        async def go():
+            return await b.submit("x", rows)
+        res = asyncio.run(go())
+    finally:
+        b.stop()
+    assert len(shapes) == 5 and all(r * t <= 100 for r, t in shapes)   # 10 rows x 40 tokens in 2-row forwards
+    assert len(res.logits) == 10
+    for i in range(10):
+        np.testing.assert_allclose(res.logits[i], whole_logits[i, :3], atol=2e-5)
+    np.testing.assert_allclose(res.act_logits, whole_act[:10], atol=2e-5)

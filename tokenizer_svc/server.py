@@ -1,7 +1,7 @@
 """`laya-grpc tokenizer`: requests (states + questions) in, Laya's packed token rows out.
 
 Its own process so text work never competes with the device thread for the GIL; run several
-(`--workers`, or several `serve` children) to scale. Never imports torch or mlx.
+processes to scale (`serve --tokenizer-workers N`). Never imports torch or mlx.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def load_tokenizers(sources: dict) -> dict:
     out = {}
     for name, source in sources.items():
         ckpt = open_source(source)
-        parallel = getattr(ckpt, "option_layout", "sequential") == "parallel"
+        parallel = ckpt.parallel
         enc = TextEncoder(ckpt.tokenizer_dir, max_len=int(ckpt.max_len), head_max_len=int(ckpt.head_max_len),
                           parallel_layout=parallel)
         out[name] = LoadedTokenizer(name, enc, int(ckpt.max_len), int(ckpt.head_max_len), parallel)
