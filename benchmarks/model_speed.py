@@ -1,10 +1,13 @@
-"""Model time on CUDA of the serving network (the reference encoder behind the bucketed CUDA graphs,
-as TorchRunner runs it): weight load, CUDA init, capture and replay per shape, parity against CPU
-fp32 (the bit-exact-to-upstream path), steady state, and which SDPA kernels our mask shapes reach.
+"""Model time on CUDA of the serving network behind the bucketed CUDA graphs, as TorchRunner runs
+it, per encoder mode (reference: transformers op for op; fused: cuda_kernels.py, with torch's SDPA
+choice or forced to the memory-efficient kernel): weight load, CUDA init, capture and replay per
+shape, the warm set's capture time (the ready-time cost), parity against CPU fp32 (the
+bit-exact-to-upstream path), steady state, and which SDPA kernels our mask shapes reach.
 
-`python -m benchmarks.model_speed --ckpt DIR --out DIR` (makes a `large` checkpoint in DIR if it
-is missing). Needs only torch, numpy, safetensors and tokenizers, so it runs on a bare GPU machine.
-Writes model_speed.jsonl (every record) and prints a summary table last.
+`python -m benchmarks.model_speed --ckpt DIR --out DIR [--modes reference,fused,fused-efficient]`
+(makes a `large` checkpoint in DIR if it is missing). Needs only torch, numpy, safetensors,
+tokenizers and (fused) triton, so it runs on a bare GPU machine. Writes model_speed.jsonl (every
+record) and prints a summary table last.
 """
 from __future__ import annotations
 
@@ -124,9 +127,24 @@ def attention_probe(torch, rec):
                 rec("sdpa", B=B, L=L, backend=name, error=str(ex).splitlines()[0][:160])
 
 
-def measure(a, rec, torch, model, plan, bench, refs, par_batches, rng, vocab):
+def set_mode(torch, model, mode: str) -> None:
+    from torch.nn.attention import SDPBackend
+    if mode == "reference":
+        model.kernels, model.attn_backends = "reference", None
+    elif mode == "fused":
+        model.use_fused_kernels()
+    elif mode == "fused-efficient":
+        model.use_fused_kernels([SDPBackend.EFFICIENT_ATTENTION])
+    else:
+        raise SystemExit("unknown mode %r" % mode)
+
+
+def measure(a, rec, torch, model, plan, bench, refs, par_batches, rng, vocab, mode):
     """Capture the bench buckets, time each, check parity, then check steady state."""
+    from functools import partial
     from inference_svc.cuda_graphs import CudaGraphForward
+    rec = partial(rec, mode=mode)
+    set_mode(torch, model, mode)
     gf = CudaGraphForward(model, torch.device("cuda:0"), plan, parallel=False)
     caps = []
     for b in bench.values():
@@ -152,6 +170,14 @@ def measure(a, rec, torch, model, plan, bench, refs, par_batches, rng, vocab):
         gf.forward(rows(rng.integers(top - 31, top + 1, size=s[0]), s[2], vocab, seed=i))
     torch.cuda.synchronize()
     rec("steady", new_captures=gf.cache.captures - captures, alloc_growth_bytes=torch.cuda.memory_allocated() - mem0)
+    if a.warm_set:
+        # what TorchRunner.warm() does before ready: every bucket within the default token budget
+        buckets = [b for b in plan.warm_buckets(16384) if b not in set(gf.cache.keys())]
+        t = time.perf_counter()
+        gf.warm(buckets)
+        torch.cuda.synchronize()
+        rec("warm_set", graphs=len(gf.cache), captured_now=len(buckets), s=time.perf_counter() - t,
+            reserved_bytes=torch.cuda.memory_reserved())
     gf.close()
     return times, par
 
@@ -162,6 +188,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--parity-rows", type=int, default=96)
+    p.add_argument("--modes", default="reference,fused,fused-efficient")
+    p.add_argument("--warm-set", action="store_true", help="also time the capture of the whole warm set per mode")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     rec = Out(os.path.join(a.out, "model_speed.jsonl"))
@@ -178,11 +206,6 @@ def main(argv=None) -> int:
     torch.zeros(1, device="cuda")
     rec("cuda_init", s=time.perf_counter() - t, torch=torch.__version__, gpu=torch.cuda.get_device_name())
 
-    t = time.perf_counter()
-    m_old = LayaTorch.from_checkpoint(a.ckpt, "cpu", torch.float16).to("cuda")
-    torch.cuda.synchronize()
-    rec("load", how="cpu_then_copy", s=time.perf_counter() - t)
-    del m_old
     t = time.perf_counter()
     model = LayaTorch.from_checkpoint(a.ckpt, "cuda", torch.float16)
     torch.cuda.synchronize()
@@ -210,15 +233,21 @@ def main(argv=None) -> int:
 
     plan = BucketPlan(max_rows=256, max_tokens=512)
     bench = {s: rows([s[1]] * s[0], s[2], vocab, seed=s[0]) for s in SHAPES}
-    times, par = measure(a, rec, torch, model, plan, bench, refs, par_batches, rng, vocab)
-    torch.cuda.empty_cache()
+    summary = {}
+    for mode in a.modes.split(","):
+        try:
+            summary[mode] = measure(a, rec, torch, model, plan, bench, refs, par_batches, rng, vocab, mode)
+        except Exception as ex:  # a failing mode is a finding; the others still run
+            rec("error", mode=mode, error=repr(ex)[:300])
+        torch.cuda.empty_cache()
     attention_probe(torch, rec)
 
-    print("\n%-10s %10s %14s" % ("shape", "replay ms", "host p50/p95"))
-    for r in times:
-        print("%-10s %10.3f %8.3f/%.3f" % ("%dx%d" % (r["rows"], r["tokens"]), r["replay_ms"], *r["host_ms"]))
-    print("parity max|dp| %.4f disagree_outside_ties %d passed %s"
-          % (par["max_abs_dp"], par["disagree_outside_ties"], par["passed"]))
+    for mode, (times, par) in summary.items():
+        print("\n[%s]\n%-10s %10s %14s" % (mode, "shape", "replay ms", "host p50/p95"))
+        for r in times:
+            print("%-10s %10.3f %8.3f/%.3f" % ("%dx%d" % (r["rows"], r["tokens"]), r["replay_ms"], *r["host_ms"]))
+        print("parity max|dp| %.4f disagree_outside_ties %d passed %s"
+              % (par["max_abs_dp"], par["disagree_outside_ties"], par["passed"]))
     return 0
 
 

@@ -192,7 +192,9 @@ class CudaGraphForward:
     def _capture(self, b: Bucket):
         torch = self._torch
         n_in = sum(field_sizes(b, self.parallel).values())
-        host_in = torch.empty(n_in, dtype=torch.int64, pin_memory=True)
+        # zeros, not empty: reused pinned memory holds old bytes, and a stale token id past the vocabulary
+        # makes the capture pass index out of bounds (a device-side assert that poisons the CUDA context)
+        host_in = torch.zeros(n_in, dtype=torch.int64, pin_memory=True)
         dev_in = torch.zeros(n_in, dtype=torch.int64, device=self.dev)
         hv = field_views(host_in.numpy(), b, self.parallel)
         # a valid dummy batch for the warm-up and capture passes: one real token per row

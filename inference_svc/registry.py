@@ -148,7 +148,7 @@ class Registry:
             st.max_len, st.head_max_len = int(s.ckpt.max_len), int(s.ckpt.head_max_len)
         runner = s.runner
         if runner is not None:   # live facts, read from the weights now
-            st.device, st.dtype = runner.device(), runner.dtype()
+            st.device, st.dtype, st.kernels = runner.device(), runner.dtype(), runner.kernels
             st.max_row_tokens = runner.max_positions if runner.max_positions < (1 << 30) else 0
         return st
 

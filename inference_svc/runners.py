@@ -12,6 +12,7 @@ from typing import Optional, Protocol
 
 import numpy as np
 
+from laya_grpc.errors import Kind, LayaError
 from laya_grpc.jsonfile import read_json_object
 
 from .devices import mlx_dtype, torch_dtype
@@ -33,18 +34,44 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
+CUDA_KERNELS = ("auto", "fused", "reference")
+
+
+def resolve_kernels(requested: str, device_type: str) -> str:
+    """The encoder kernels a torch runner on `device_type` runs: "fused" (Triton, CUDA only) or
+    "reference". auto takes fused on CUDA when Triton works there, else says loudly why not."""
+    if requested not in CUDA_KERNELS:
+        raise LayaError(Kind.INVALID, "--cuda-kernels must be one of %s, got %r" % ("|".join(CUDA_KERNELS), requested))
+    if requested == "reference" or (requested == "auto" and device_type != "cuda"):
+        return "reference"
+    if device_type != "cuda":
+        raise LayaError(Kind.INVALID, "--cuda-kernels fused needs a CUDA device; this runner is on %s" % device_type)
+    from inference_svc import cuda_kernels
+    ok, why = cuda_kernels.available()
+    if ok:
+        return "fused"
+    if requested == "fused":
+        raise LayaError(Kind.INVALID, "--cuda-kernels fused: %s" % why)
+    log.warning("CUDA encoder falls back to the reference kernels (about 3x the launches): %s", why)
+    return "reference"
+
+
 class TorchRunner:
     """The torch network. On CUDA every forward replays a captured graph of its shape bucket
-    (cuda_graphs.py); on CPU and MPS it runs eagerly (CPU fp32 is the bit-exact reference path)."""
+    (cuda_graphs.py), by default of the fused encoder (cuda_kernels.py); on CPU and MPS it runs
+    eagerly (CPU fp32 is the bit-exact reference path)."""
     backend = "torch"
 
     def __init__(self, ckpt_dir: str, device: str, dtype: Optional[str], max_rows: int = 256,
-                 max_batch_tokens: int = 16384, graphs: bool = True):
+                 max_batch_tokens: int = 16384, graphs: bool = True, cuda_kernels: str = "auto"):
         import torch
         from inference_svc.torch_model import LayaTorch
         self._torch = torch
         tdtype = torch_dtype(dtype, device)
+        self.kernels = resolve_kernels(cuda_kernels, torch.device(device).type)
         self.model = LayaTorch.from_checkpoint(ckpt_dir, device=device, dtype=tdtype).eval()
+        if self.kernels == "fused":
+            self.model.use_fused_kernels()
         spec = self.model.spec
         self.vocab_size = spec.vocab_size
         self.n_act = spec.n_act
@@ -113,6 +140,7 @@ class TorchRunner:
 
 class MlxRunner:
     backend = "mlx"
+    kernels = "mlx"
 
     def __init__(self, ckpt_dir: str, device: str, dtype: Optional[str]):
         import mlx.core as mx
@@ -138,9 +166,11 @@ class MlxRunner:
 
 
 def load_runner(ckpt_dir: str, backend: str, device: str, dtype: Optional[str], max_rows: int = 256,
-                max_batch_tokens: int = 16384):
+                max_batch_tokens: int = 16384, cuda_kernels: str = "auto"):
     t0 = time.perf_counter()
     runner = (MlxRunner(ckpt_dir, device, dtype) if backend == "mlx"
-              else TorchRunner(ckpt_dir, device, dtype, max_rows=max_rows, max_batch_tokens=max_batch_tokens))
-    log.info("loaded %s on %s/%s in %.0f ms", ckpt_dir, runner.device(), runner.dtype(), (time.perf_counter() - t0) * 1e3)
+              else TorchRunner(ckpt_dir, device, dtype, max_rows=max_rows, max_batch_tokens=max_batch_tokens,
+                               cuda_kernels=cuda_kernels))
+    log.info("loaded %s on %s/%s (%s kernels) in %.0f ms", ckpt_dir, runner.device(), runner.dtype(), runner.kernels,
+             (time.perf_counter() - t0) * 1e3)
     return runner

@@ -108,7 +108,8 @@ async def serve(settings: InferenceSettings) -> int:
                       max_wait_ms=settings.max_wait_ms, keep_warm_s=settings.keep_warm_s)
     registry = Registry(settings.checkpoints, settings.backend, pick, settings.dtype, settings.max_loaded,
                         settings.warmup, batcher.run_on_device, feed.bump,
-                        runner_options={"max_rows": settings.max_batch_rows, "max_batch_tokens": settings.max_batch_tokens})
+                        runner_options={"max_rows": settings.max_batch_rows, "max_batch_tokens": settings.max_batch_tokens,
+                                        "cuda_kernels": settings.cuda_kernels})
     registry_ref["r"] = registry
     servicer = InferenceServicer(registry, batcher, feed, settings)
     srv = rpc.server()

@@ -25,6 +25,7 @@ class InferenceSettings:
     heartbeat_s: float = 2.0
     metrics: str | None = None
     keep_warm_s: float = 0.0
+    cuda_kernels: str = "auto"
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "InferenceSettings":
@@ -33,7 +34,8 @@ class InferenceSettings:
                    device=device, dtype=a.dtype, require_device=require, max_loaded=a.max_loaded,
                    preload=list(a.preload or []), max_batch_tokens=a.max_batch_tokens,
                    max_batch_rows=a.max_batch_rows, max_wait_ms=a.max_wait_ms, warmup=not a.no_warmup,
-                   metrics=getattr(a, "metrics", None), keep_warm_s=a.keep_warm_s)
+                   metrics=getattr(a, "metrics", None), keep_warm_s=a.keep_warm_s,
+                   cuda_kernels=a.cuda_kernels)
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -77,5 +79,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--keep-warm-s", env="LAYA_KEEP_WARM_S", default=0.0, type=float,
               help="after this many idle seconds, re-run the last row so the GPU does not clock down; "
                    "0 = off. Measured on an H200 it did not pay (docs/performance.md); costs one forward per period")
+    flags.add(p, "--cuda-kernels", env="LAYA_CUDA_KERNELS", default="auto", choices=["auto", "fused", "reference"],
+              help="CUDA only: the encoder inside the CUDA graphs. fused (auto's pick when Triton works) runs RoPE and "
+                   "the GELU gate as one Triton kernel each and adds residuals in the GEMMs, about a third of the "
+                   "reference's launches; reference follows transformers op for op. Both are checked against CPU "
+                   "fp32 (docs/performance.md); auto without Triton logs a warning and /health shows the kernels")
     flags.add(p, "--no-warmup", env="LAYA_NO_WARMUP", action="store_true",
               help="skip warmup forwards (first requests will be slow); for debugging only")

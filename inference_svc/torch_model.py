@@ -8,6 +8,7 @@ SDPA, one mask per layer type per batch, cached RoPE tables, no host syncs in `f
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -24,6 +25,7 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 
 # ----------------------------------------------------------------------------------- encoder
+
 
 class _Attn(nn.Module):
     def __init__(self, d: int):
@@ -117,6 +119,10 @@ class LayaTorch(nn.Module):
         # unused by the maths; present in every upstream checkpoint (strict load, gotcha G5)
         self.register_buffer("temperature", torch.ones(3))
         self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        # "reference" follows transformers op for op (CPU fp32: bit-exact to upstream); "fused"
+        # is `encode_fused`, the CUDA path (use_fused_kernels)
+        self.kernels = "reference"
+        self.attn_backends: list | None = None   # SDPA backends for encode_fused; None = torch's choice
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -192,6 +198,10 @@ class LayaTorch(nn.Module):
 
     # -- forward -----------------------------------------------------------------------------
 
+    def use_fused_kernels(self, attn_backends: list | None = None) -> None:
+        """Run `encode_fused` from now on (Triton kernels: cuda_kernels.py)."""
+        self.kernels, self.attn_backends = "fused", attn_backends
+
     def encode(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
         """ModernBertModel(...).last_hidden_state."""
         spec, enc = self.spec, self.encoder
@@ -224,6 +234,39 @@ class LayaTorch(nn.Module):
             x = x + layer.mlp.Wo(F.gelu(u) * g)
         return enc.final_norm(x)
 
+    def encode_fused(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
+        """`encode` in about a third of the kernels, for CUDA graphs (same function, float rounding apart).
+
+        Per layer: norm, Wqkv, one RoPE kernel for q and k, attention with a bias built once per
+        forward, Wo with the residual added in the GEMM (addmm, beta=1), norm, Wi, one GELU-gate
+        kernel, Wo + residual. The residual adds round once instead of twice; the tolerance is the
+        contract there (docs/performance.md), CPU fp32 serving keeps `encode`.
+        """
+        from torch.nn.attention import sdpa_kernel
+        from inference_svc import cuda_kernels as ck
+        spec, enc = self.spec, self.encoder
+        B, L = input_ids.shape
+        N, d, H, hd = B * L, spec.hidden_size, spec.heads, spec.head_dim
+        dtype = enc.embeddings.tok_embeddings.weight.dtype
+        x = enc.embeddings.norm(enc.embeddings.tok_embeddings(input_ids)).view(N, d)
+        bias = {kind: torch.zeros(m.shape, dtype=dtype, device=x.device).masked_fill_(~m, float("-inf"))
+                for kind, m in self._masks(attention_mask, position_ids, option_ids, L).items()}
+        tables = {kind: self._rope(spec.rope_theta[kind], L, x.device, dtype) for kind in set(spec.layer_types)}
+        pos = None if position_ids is None else position_ids.contiguous()
+        scale = hd ** -0.5
+        with sdpa_kernel(self.attn_backends) if self.attn_backends else contextlib.nullcontext():
+            for layer, kind in zip(enc.layers, spec.layer_types):
+                y = x if layer.attn_norm is None else layer.attn_norm(x)
+                qkv = layer.attn.Wqkv(y)                                           # [N, 3d]
+                qk = ck.rope_qk(qkv, *tables[kind], pos, B, L, H)                # [2, N, H, hd]
+                q = qk[0].view(B, L, H, hd).transpose(1, 2)
+                k = qk[1].view(B, L, H, hd).transpose(1, 2)
+                v = qkv.view(B, L, 3, H, hd)[:, :, 2].transpose(1, 2)
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[kind], scale=scale)
+                x = torch.addmm(x, a.transpose(1, 2).reshape(N, d), layer.attn.Wo.weight.t())
+                x = torch.addmm(x, ck.gelu_gate(layer.mlp.Wi(layer.mlp_norm(x))), layer.mlp.Wo.weight.t())
+        return enc.final_norm(x).view(B, L, d)
+
     def _head_layer(self, layer: _HeadLayer, h: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         """One pre-norm nn.TransformerEncoderLayer step, on the kernel upstream's call reaches.
 
@@ -252,7 +295,8 @@ class LayaTorch(nn.Module):
                 position_ids=None, option_ids=None):
         if (position_ids is None) != (option_ids is None):
             raise LayaError(Kind.INTERNAL, "position_ids and option_ids come together (parallel option layout)")
-        h = self.encode(input_ids, attention_mask, position_ids, option_ids)
+        encode = self.encode_fused if self.kernels == "fused" else self.encode
+        h = encode(input_ids, attention_mask, position_ids, option_ids)
         head_dtype = self.type_emb.weight.dtype
         h = h.to(head_dtype) + self.type_emb(qtype)[:, None, :]
         if self.head is not None:

@@ -1,0 +1,107 @@
+"""Two Triton kernels that collapse the encoder's elementwise chains on CUDA.
+
+Why: behind CUDA graphs a short request is launch-bound (~30 kernels a layer x 28 layers, ~3 ms
+on an H200 against a ~0.2 ms memory floor). RoPE alone is ~14 of those kernels (fp32 casts,
+rotate_half's chunk/neg/cat, four multiplies and adds, two casts back), the GELU gate 2 more.
+Here each is one pass:
+
+- `rope_qk`: q and k of one token, rotated in fp32 from the fused Wqkv output and the model's
+  cached 16-bit cos/sin tables (transformers' apply_rotary_pos_emb), one program per token;
+- `gelu_gate`: ModernBERT's GLU, gelu(first half) * second half, rounded after the GELU as the
+  eager fp16 ops round, so the CUDA results equal the reference kernels' to float rounding.
+
+Triton imports lazily: on a host without it `available()` says why, and the CPU tests run these
+same kernels through Triton's interpreter (TRITON_INTERPRET=1, tests/test_fused_encoder.py).
+"""
+from __future__ import annotations
+
+import functools
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rope_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, n_tokens, L,
+                       H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                       HAS_POS: tl.constexpr):
+        t = tl.program_id(0)
+        if HAS_POS:
+            p = tl.load(pos_ptr + t)
+        else:
+            p = t % L
+        HD: tl.constexpr = 2 * HALF
+        h = tl.arange(0, BLOCK_H)[:, None]
+        j = tl.arange(0, BLOCK_HALF)[None, :]
+        jm = j < HALF
+        m = (h < H) & jm
+        row = p.to(tl.int64) * HD
+        cos1 = tl.load(cos_ptr + row + j, mask=jm).to(tl.float32)
+        cos2 = tl.load(cos_ptr + row + HALF + j, mask=jm).to(tl.float32)
+        sin1 = tl.load(sin_ptr + row + j, mask=jm).to(tl.float32)
+        sin2 = tl.load(sin_ptr + row + HALF + j, mask=jm).to(tl.float32)
+        src = qkv_ptr + t.to(tl.int64) * (3 * H * HD) + h * HD
+        dst = out_ptr + t.to(tl.int64) * (H * HD) + h * HD
+        for which in tl.static_range(2):            # q, then k
+            x1 = tl.load(src + which * (H * HD) + j, mask=m).to(tl.float32)
+            x2 = tl.load(src + which * (H * HD) + HALF + j, mask=m).to(tl.float32)
+            # x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
+            o1 = x1 * cos1 - x2 * sin1
+            o2 = x2 * cos2 + x1 * sin2
+            plane = dst + which * n_tokens * (H * HD)
+            tl.store(plane + j, o1.to(out_ptr.dtype.element_ty), mask=m)
+            tl.store(plane + HALF + j, o2.to(out_ptr.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def gelu_gate_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = c < inter
+        u = tl.load(x_ptr + r * 2 * inter + c, mask=m).to(tl.float32)
+        g = tl.load(x_ptr + r * 2 * inter + inter + c, mask=m).to(tl.float32)
+        gelu = 0.5 * u * (1.0 + tl.math.erf(u * 0.7071067811865476))
+        # the eager ops round F.gelu's result to the tensor dtype before the multiply
+        gelu = gelu.to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + r * inter + c, (gelu * g).to(out_ptr.dtype.element_ty), mask=m)
+
+    return triton, rope_qk_kernel, gelu_gate_kernel
+
+
+def available() -> tuple[bool, str]:
+    """(usable, why not): Triton importable and able to build these kernels here."""
+    try:
+        _kernels()
+    except Exception as e:  # noqa: BLE001 - reported to the operator, never swallowed
+        return False, "triton unavailable: %s: %s" % (type(e).__name__, e)
+    return True, ""
+
+
+def rope_qk(qkv, cos, sin, position_ids, B: int, L: int, heads: int):
+    """Rotated q and k, [2, B*L, H, hd] in qkv's dtype, from qkv [B*L, 3*H*hd] (contiguous).
+
+    cos/sin: [>= max position + 1, hd] tables; position_ids: [B, L] int64 (parallel option
+    layout) or None (position = index within the row)."""
+    import torch
+    triton, kernel, _ = _kernels()
+    n, width = qkv.shape
+    hd = width // (3 * heads)
+    out = torch.empty((2, n, heads, hd), dtype=qkv.dtype, device=qkv.device)
+    pos = position_ids.reshape(-1) if position_ids is not None else qkv   # unused when HAS_POS is False
+    kernel[(n,)](qkv, cos, sin, pos, out, n, L, H=heads, HALF=hd // 2,
+                 BLOCK_H=triton.next_power_of_2(heads), BLOCK_HALF=triton.next_power_of_2(hd // 2),
+                 HAS_POS=position_ids is not None)
+    return out
+
+
+def gelu_gate(x):
+    """gelu(x[:, :I]) * x[:, I:] for x [N, 2I] (contiguous) -> [N, I]."""
+    import torch
+    triton, _, kernel = _kernels()
+    n, two_i = x.shape
+    inter = two_i // 2
+    out = torch.empty((n, inter), dtype=x.dtype, device=x.device)
+    block = min(1024, triton.next_power_of_2(inter))
+    kernel[(n, triton.cdiv(inter, block))](x, out, inter, BLOCK=block)
+    return out
