@@ -26,7 +26,6 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 # ----------------------------------------------------------------------------------- encoder
 
-
 class _Attn(nn.Module):
     def __init__(self, d: int):
         super().__init__()
