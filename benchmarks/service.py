@@ -15,12 +15,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+import numpy as np
 
 from benchmarks.inputs import Case, named_cases, random_cases
 from benchmarks.stats import summary_ms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+READY_LINE = "laya-grpc: ready"
 
 
 def _free_port() -> int:
@@ -45,17 +46,15 @@ class Served:
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=e, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float) -> float:
+        """Seconds from start to serve's `laya-grpc: ready` line, which it prints once EVERY gateway
+        worker is warm (a /health poll reaches one worker of several, at random)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("serve exited %s:\n%s" % (self.proc.returncode, self.tail()))
-            try:
-                with urllib.request.urlopen(self.http + "/health", timeout=2) as r:
-                    if json.loads(r.read()).get("ready") is True:
-                        return time.perf_counter() - self.t0
-            except OSError:
-                pass
-            time.sleep(0.05)
+            if READY_LINE in self.tail():
+                return time.perf_counter() - self.t0
+            time.sleep(0.01)
         raise TimeoutError("not ready after %.0f s:\n%s" % (timeout, self.tail()))
 
     def tail(self) -> str:
@@ -179,6 +178,68 @@ def sequential(kind: str, addr: str, case: Case, model: str, n: int) -> list:
     return lat
 
 
+def _raw_post(address: str, path: str, body: bytes):
+    """One HTTP/1.1 POST over a NEW connection with a bare socket (no client library warm-up in
+    the timing): (ms, status, x-inference-time-ms, the open socket for more requests)."""
+    host, _, port = address.replace("http://", "").rpartition(":")
+    req = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+           % (path.encode(), host.encode(), len(body))) + body
+    t = time.perf_counter()
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    ms, status, server_ms = _raw_exchange(sock, req, t)
+    return ms, status, server_ms, sock, req
+
+
+def _raw_exchange(sock, req: bytes, t: float):
+    sock.sendall(req)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed by the server")
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    fields = dict(line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line)
+    fields = {k.strip().lower(): v.strip() for k, v in fields.items()}
+    length = int(fields.get(b"content-length", b"0"))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    ms = (time.perf_counter() - t) * 1e3
+    server = fields.get(b"x-inference-time-ms")
+    return ms, int(head.split(b" ", 2)[1]), float(server) if server else None
+
+
+def first_requests(s: "Served", case: Case, model: str, warm_n: int = 50) -> dict:
+    """The first HTTP and the first gRPC decision right after ready, each over a fresh connection
+    from a client whose own code already ran (its first-use costs are not the server's), then the
+    p50 of `warm_n` more on that connection, for the ratio."""
+    import grpc
+    from clients.client import LayaClient, build_decide
+    payload = json.dumps(body(case, model)).encode()
+    ms, status, server_ms, sock, req = _raw_post(s.http, "/v1/systemone", payload)
+    warm = []
+    for _ in range(warm_n):
+        warm.append(_raw_exchange(sock, req, time.perf_counter())[0])
+    sock.close()
+    http = {"ms": ms, "status": status, "server_inference_ms": server_ms, "warm_p50_ms": float(np.median(warm))}
+    # gRPC: the library's first call paid on a throwaway channel (health), then a fresh channel
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    with grpc.insecure_channel(s.grpc) as ch:
+        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    t = time.perf_counter()
+    with LayaClient(s.grpc) as c:
+        resp = c._decisions.Decide(build_decide(case.state, case.questions, model=model), timeout=60)
+        g_ms = (time.perf_counter() - t) * 1e3
+        warm = []
+        for _ in range(warm_n):
+            t = time.perf_counter()
+            c.decide(case.state, case.questions, model=model)
+            warm.append((time.perf_counter() - t) * 1e3)
+    grpc_rec = {"ms": g_ms, "server_inference_ms": resp.inference_ms, "warm_p50_ms": float(np.median(warm))}
+    return {"http": http, "grpc": grpc_rec}
+
+
 def run_service(a, rec, ckpt: str, model: str) -> None:
     """Readiness, first request, warm latency per input, concurrency sweep, memory: HTTP and gRPC."""
     env = {"LAYA_MAX_CONCURRENT": str(a.max_concurrent)}
@@ -188,8 +249,9 @@ def run_service(a, rec, ckpt: str, model: str) -> None:
         ready_s = s.wait_ready(a.ready_timeout)
         rec("service", "startup", process_to_ready_s=ready_s)
         cases = named_cases()
-        first = sequential("http", s.http, cases[0], model, 1)
-        rec("http", "first_request", input=cases[0].name, ms=first[0] * 1e3)
+        first = first_requests(s, cases[0], model)
+        rec("http", "first_request", input=cases[0].name, **first["http"])
+        rec("grpc", "first_request", input=cases[0].name, **first["grpc"])
         mem = {"children": s.children(), "gpu_mb_by_pid": gpu_used_by_pids()}
         rec("service", "memory", phase="after_warmup", **mem)
         for kind, addr in (("grpc", s.grpc), ("http", s.http)):
@@ -204,3 +266,37 @@ def run_service(a, rec, ckpt: str, model: str) -> None:
         rec("service", "memory", phase="after_random_soak", children=s.children(), gpu_mb_by_pid=gpu_used_by_pids())
     finally:
         s.close()
+
+
+def main(argv=None) -> int:
+    """`python -m benchmarks.service first|load --checkpoint DIR [serve flags...]`: start `serve`, then
+    time the first requests after ready (`first`, repeated over fresh stacks) or run closed-loop
+    HTTP load (`load`)."""
+    import argparse
+    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p.add_argument("what", choices=["first", "load"])
+    p.add_argument("--checkpoint", required=True, help="english checkpoint directory")
+    p.add_argument("--repeat", type=int, default=3, help="first: fresh stacks to time")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--procs", type=int, default=2, help="load: client processes")
+    a, serve_args = p.parse_known_args(argv)
+    case = named_cases()[0]
+    runs = a.repeat if a.what == "first" else 1
+    for _ in range(runs):
+        s = Served({"english": a.checkpoint}, serve_args, {"LAYA_MAX_CONCURRENT": "256"})
+        try:
+            ready_s = s.wait_ready(300)
+            if a.what == "first":
+                out = first_requests(s, case, "english")
+                out["ready_s"] = ready_s
+            else:
+                out = load("http", s.http, [case], "english", a.clients, a.duration, a.procs)
+            print(json.dumps(out), flush=True)
+        finally:
+            s.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

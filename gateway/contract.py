@@ -63,6 +63,12 @@ class BatchRequest:
 
 
 # -- body ---------------------------------------------------------------------------------------
+def _may_hold_lone_surrogate(raw: bytes) -> bool:
+    """False when json.loads(raw) cannot produce a surrogate: ASCII with no NUL bytes decodes as
+    UTF-8 (no BOM, no UTF-16/32 pattern), so only a \\u escape could make one."""
+    return not raw.isascii() or b"\\u" in raw or b"\x00" in raw
+
+
 def load_json(raw: bytes) -> Any:
     """`json.loads(bytes)`: BOM/UTF-16/UTF-32 detection, NaN/Infinity literals, last duplicate wins."""
     try:
@@ -118,7 +124,7 @@ def parse_decide_body(raw: bytes, table: RouteTable, max_token_budget: int = 819
     check_request_limits(state, questions)
     _refuse(body, BODY_REFUSALS, "%s run inside the server process and cannot be sent to this "
                                  "endpoint; install them where laya-serve runs, or drop them")
-    if has_lone_surrogate(body):
+    if _may_hold_lone_surrogate(raw) and has_lone_surrogate(body):
         raise LayaError(Kind.BAD_REQUEST, LONE_SURROGATE_DETAIL)
     controls = _controls(body, table, max_token_budget)
     _check_task(controls.task, controls.model, table)
@@ -143,7 +149,7 @@ def parse_batch_body(raw: bytes, table: RouteTable, max_token_budget: int = 8192
     _refuse(body, BATCH_OUT_PARAMETERS, "%s is filled in place for an in-process caller and cannot be "
                                         "returned over HTTP; read the per-group report from the CLI or a "
                                         "local Router")
-    if has_lone_surrogate(body):
+    if _may_hold_lone_surrogate(raw) and has_lone_surrogate(body):
         raise LayaError(Kind.BAD_REQUEST, LONE_SURROGATE_DETAIL)
     controls = _controls(body, table, max_token_budget)
     batch_size = _batch_size(body)

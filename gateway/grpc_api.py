@@ -102,10 +102,38 @@ def batch_body(req: decision_pb2.DecideBatchRequest) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode("utf-8")
 
 
-def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> None:
-    """Typed fields from the JSON form (label keys become strings exactly as HTTP shows them)."""
-    body = render_json(result).decode("utf-8")
-    result = json.loads(body)
+def _json_key(key: Any) -> str:
+    """A dict key as `json.dumps` writes it (labels 1, 2.5, True become "1", "2.5", "true")."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, float):
+        return float.__repr__(key)
+    if key is True:
+        return "true"
+    if key is False:
+        return "false"
+    if key is None:
+        return "null"
+    if isinstance(key, int):
+        return int.__repr__(key)
+    return str(key)
+
+
+def _json_keyed(d: dict) -> dict:
+    """`json.loads(json.dumps(d))` for a flat dict of JSON scalars: keys that collide as strings
+    (labels 1 and "1") keep the first one's place and the last one's value, as json.loads does."""
+    if all(type(k) is str for k in d):
+        return d
+    out: dict = {}
+    for k, v in d.items():
+        out[_json_key(k)] = v
+    return out
+
+
+def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> str:
+    """Typed fields, read as the JSON form shows them (label keys become strings exactly as HTTP
+    shows them), plus that JSON itself, which is returned too."""
+    body = render_json(result).decode("utf-8")   # first: a NaN anywhere is the 422 here too
     for qid, a in result.get("answers", {}).items():
         m = msg.answers.add(id=qid, type=a["type"])
         if "choice" in a:
@@ -114,9 +142,9 @@ def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> None:
             m.score = a["score"]
         if "noul" in a:
             m.noul = a["noul"]
-        for label, p in (a.get("probabilities") or {}).items():
+        for label, p in _json_keyed(a.get("probabilities") or {}).items():
             m.probabilities.add(label=label, p=p)
-        for k, v in (a.get("legend") or {}).items():
+        for k, v in _json_keyed(a.get("legend") or {}).items():
             m.legend[k] = v
         m.confidence = a.get("confidence", 0.0)
         m.answer_confidence = a.get("answer_confidence", 0.0)
@@ -138,6 +166,7 @@ def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> None:
         msg.routing.detection_json = json.dumps(r.get("detection"), ensure_ascii=False)
         msg.routing.workflow = r.get("workflow") or ""
     msg.json = body
+    return body
 
 
 class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
@@ -178,9 +207,10 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         t0 = time.perf_counter()
         result = await self.decider.decide_batch(req)
         resp = decision_pb2.DecideBatchResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
-        for r in result["results"]:
-            pack_result(r, resp.results.add())
-        resp.json = render_json(result).decode("utf-8")
+        bodies = [pack_result(r, resp.results.add()) for r in result["results"]]
+        # == render_json(result): the compact form of {"results": [...], "total_usage": {...}}
+        resp.json = '{"results":[%s],"total_usage":%s}' % (",".join(bodies),
+                                                             render_json(result["total_usage"]).decode("utf-8"))
         return resp
 
 
@@ -194,6 +224,7 @@ class StatusServicer(decision_pb2_grpc.StatusServiceServicer):
         ev = decision_pb2.StatusEvent(sequence=self.feed.sequence, time_unix=time.time(),
                                       ready=self.services.ready(), reason=reason)
         ev.services.add(service="gateway", state=S.READY if ev.ready else S.STARTING,
+                        detail=getattr(self.services, "warm_detail", ""),
                         instance_id=self.feed.instance_id, sequence=self.feed.sequence, time_unix=ev.time_unix,
                         started_unix=self.feed.started, address=self.address)
         for b in self.services.backends:

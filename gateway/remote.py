@@ -66,6 +66,7 @@ class RemoteServices:
         self._coalescer = InferCoalescer(self._infer_call)
         self._infos: dict = {}   # name -> (config_json, CheckpointInfo)
         self.warm = False        # set by the gateway after a warm-up request through every ready checkpoint
+        self.warm_detail = "not warmed up yet"   # what the last warm-up did (the status stream shows it)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -165,7 +166,7 @@ class RemoteServices:
         packed = PackedRows.concat(list(rows)) if isinstance(rows, (list, tuple)) else rows
         st = self._checkpoint_status(checkpoint)
         if st is not None and st.max_row_tokens:   # refuse here: in a shared Infer call it would fail the others
-            packed.validate(max_len=st.max_row_tokens)
+            packed.check_max_len(st.max_row_tokens)   # the rest was validated when the tokenizer's reply came in
         resp, merged, start = await self._coalescer.submit(checkpoint, packed)
         flat = np.frombuffer(resp.logits, dtype="<f4")
         offs = merged.marker_offsets

@@ -37,21 +37,31 @@ WARMUP_QUESTIONS = {"c": {"type": "choice", "instructions": "warm-up", "criteria
                     "n": {"type": "noul", "instructions": "warm-up"}}
 
 
-async def warm_up(app, checkpoints: list, api_key) -> None:
-    """One request per warm checkpoint through the HTTP app itself (auth, body, parse, routing,
-    tokenizer, inference, decode, render), plus one auto-routed; failures are logged, not fatal."""
+async def warm_up(app, checkpoints: list, api_key, n_tokenizers: int = 1) -> str:
+    """Requests through the HTTP app itself (auth, body, parse, routing, tokenizer, inference,
+    decode, render): one per warm checkpoint plus one auto-routed, each sent once to every tokenizer
+    worker (requests go round-robin over them, so n consecutive ones reach all n). Failures are
+    logged, not fatal. Returns what was done, for the status stream."""
     t0 = time.perf_counter()
     headers = [(b"content-type", b"application/json")]
     if api_key:
         headers.append((b"authorization", b"Bearer " + api_key.encode()))
     bodies = [{"model": name} for name in checkpoints] + [{}]
+    n_tok = max(1, n_tokenizers)
+    n_http = n_ok = 0
     for extra in bodies:
         body = json.dumps(dict({"state": "A short warm-up text for the gateway.", "questions": WARMUP_QUESTIONS},
                                **extra)).encode()
-        status = await _asgi_post(app, "/v1/systemone", body, headers)
-        if status != 200:
-            log.warning("warm-up request %s answered %d", extra or "(auto-routed)", status)
-    log.info("gateway warm-up through %s took %.0f ms", checkpoints, (time.perf_counter() - t0) * 1e3)
+        for _ in range(n_tok):
+            status = await _asgi_post(app, "/v1/systemone", body, headers)
+            n_http += 1
+            n_ok += status == 200
+            if status != 200:
+                log.warning("warm-up request %s answered %d", extra or "(auto-routed)", status)
+    detail = "warm-up: %d/%d requests answered, through %d tokenizers, checkpoints %s + auto-routed, %.0f ms" % (
+        n_ok, n_http, n_tok, ",".join(checkpoints) or "-", (time.perf_counter() - t0) * 1e3)
+    log.info("gateway %s", detail)
+    return detail
 
 
 async def _asgi_post(app, path: str, body: bytes, headers: list) -> int:
@@ -118,6 +128,12 @@ async def serve(args: argparse.Namespace) -> int:
         status.address = rpc.bind(grpc_server, args.grpc)
     except RuntimeError as e:
         raise LayaError(Kind.INVALID, "cannot listen on --grpc %s: %s (address in use?)" % (args.grpc, e)) from None
+    control = None
+    if args.control:   # this worker alone, also when several share --grpc (serve watches each one's readiness)
+        try:
+            control = rpc.bind(grpc_server, args.control)
+        except RuntimeError as e:
+            raise LayaError(Kind.INVALID, "cannot listen on --control %s: %s" % (args.control, e)) from None
     await grpc_server.start()
 
     host, port = split_host_port(args.http, "--http")
@@ -136,8 +152,10 @@ async def serve(args: argparse.Namespace) -> int:
             await feed.wait(seen, 5.0)
             seen = feed.sequence
             if services.backends_ready() and not services.warm:
-                await warm_up(app, services.ready_checkpoints(), settings.api_key)
+                services.warm_detail = await warm_up(app, services.ready_checkpoints(), settings.api_key,
+                                                     len(services.tokenizers))
                 services.warm = True
+                feed.bump()   # status subscribers see the gateway turn ready now, not at their next heartbeat
             elif not services.backends_ready():
                 services.warm = False
             ready = services.ready()
@@ -149,8 +167,8 @@ async def serve(args: argparse.Namespace) -> int:
 
     readiness = asyncio.ensure_future(follow_readiness())
     http_task = asyncio.ensure_future(http.serve(sockets=[listen_socket(host, port, args.reuse_port)]))
-    log.info("gateway: http on %s:%d, grpc on %s, tokenizer %s, inference %s", host, port, status.address,
-             ",".join(args.tokenizer), args.inference)
+    log.info("gateway: http on %s:%d, grpc on %s%s, tokenizer %s, inference %s", host, port, status.address,
+             " (this worker: %s)" % control if control else "", ",".join(args.tokenizer), args.inference)
     stop = asyncio.Event()
     install_stop_signals(stop)
     done, _ = await asyncio.wait([asyncio.ensure_future(stop.wait()), http_task], return_when=asyncio.FIRST_COMPLETED)
@@ -180,6 +198,10 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_gateway_flags(p)
     metrics.add_flag(p, "LAYA_GATEWAY_METRICS")
+    flags.add(p, "--control", env="LAYA_GATEWAY_CONTROL", default=None, metavar="ADDRESS",
+              help="a second gRPC address (unix:/path.sock) reaching this worker alone, also when several "
+                   "share --grpc, to see its own readiness and status; 'serve' gives each gateway worker one "
+                   "in its run dir and reports ready once every worker is")
     flags.add(p, "--reuse-port", env="LAYA_GATEWAY_REUSE_PORT", action="store_true",
               help="share the --http and --grpc ports with other gateway processes (SO_REUSEPORT; "
                    "the kernel spreads connections); 'serve --gateway-workers N' sets it")

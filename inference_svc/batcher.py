@@ -233,11 +233,6 @@ class Batcher:
                 j.loop.call_soon_threadsafe(_set_exception, j.future, err)
             return
         model_ms = (time.perf_counter() - start) * 1e3
-        metrics.FORWARD_SECONDS.labels(jobs[0].checkpoint).observe(model_ms / 1e3)
-        metrics.BATCH_ROWS.observe(rows.n)
-        metrics.QUEUE_DEPTH.set(self.depth)
-        if self.keep_warm_s > 0:
-            self._last = (jobs[0].checkpoint, jobs[0].rows.take([0]))
         at = 0
         for j in jobs:
             n = j.rows.n
@@ -246,6 +241,12 @@ class Batcher:
                 queue_ms=(start - j.enqueued) * 1e3, model_ms=model_ms, batch_rows=rows.n)
             at += n
             j.loop.call_soon_threadsafe(_set_result, j.future, res)
+        # bookkeeping after the waiters are woken, off their path
+        metrics.FORWARD_SECONDS.labels(jobs[0].checkpoint).observe(model_ms / 1e3)
+        metrics.BATCH_ROWS.observe(rows.n)
+        metrics.QUEUE_DEPTH.set(self.depth)
+        if self.keep_warm_s > 0:
+            self._last = (jobs[0].checkpoint, jobs[0].rows.take([0]))
 
 
 def _set_result(fut: asyncio.Future, value) -> None:

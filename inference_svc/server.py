@@ -11,6 +11,7 @@ import asyncio
 import logging
 import sys
 import time
+import weakref
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2
 
 from .batcher import Batcher
 from .registry import Registry
-from .devices import pick_device
+from .devices import init_device, pick_device
 from .settings import InferenceSettings, add_model_flags
 
 log = logging.getLogger("inference_svc")
@@ -36,6 +37,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.registry, self.batcher, self.feed, self.settings = registry, batcher, feed, settings
         self.state, self.detail = S.STARTING, "loading checkpoints"
         self.inflight = 0
+        # device and dtype of each live runner, read from its weights once (not on every response;
+        # status() still reads them live); weak keys, so an evicted runner is not kept alive
+        self._runner_facts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def _facts(self, runner) -> tuple:
+        try:
+            facts = self._runner_facts.get(runner)
+        except TypeError:   # not weak-referenceable: read it every time
+            return runner.device(), runner.dtype()
+        if facts is None:
+            facts = self._runner_facts[runner] = (runner.device(), runner.dtype())
+        return facts
 
     @rpc.servicer_errors
     async def Infer(self, request, context):
@@ -48,17 +61,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 raise LayaError(Kind.INVALID, "token rows were made by another tokenizer (fingerprint %s..., checkpoint "
                                 "%r has %s...)" % (rows.fingerprint[:12], slot.name, slot.fingerprint[:12]))
             if rows.n == 0:
-                return inference_pb2.InferResponse(n_act=slot.runner.n_act, device=slot.runner.device(),
-                                                   dtype=slot.runner.dtype())
+                device, dtype = self._facts(slot.runner)
+                return inference_pb2.InferResponse(n_act=slot.runner.n_act, device=device, dtype=dtype)
             res = await self.batcher.submit(slot.name, rows)
             metrics.QUEUE_SECONDS.observe(res.queue_ms / 1e3)
-            probs = [softmax_f32(lg / np.float32(slot.temps.for_question(int(q), len(lg))))
-                     for lg, q in zip(res.logits, rows.qtypes)]
+            device, dtype = self._facts(slot.runner)
+            probs = [softmax_f32(lg / np.float32(slot.temps.for_question(q, len(lg))))
+                     for lg, q in zip(res.logits, rows.qtypes.tolist())]
             return inference_pb2.InferResponse(
                 logits=np.concatenate(res.logits).astype("<f4").tobytes(),
                 probabilities=np.concatenate(probs).astype("<f4").tobytes(),
                 act_logits=res.act_logits.astype("<f4").tobytes(), n_act=int(res.act_logits.shape[1]),
-                device=slot.runner.device(), dtype=slot.runner.dtype(), queue_ms=res.queue_ms,
+                device=device, dtype=dtype, queue_ms=res.queue_ms,
                 model_ms=res.model_ms, batch_rows=res.batch_rows)
         finally:
             self.inflight -= 1
@@ -123,6 +137,9 @@ async def serve(settings: InferenceSettings) -> int:
         return 2
     await srv.start()
     batcher.start()
+    # first in the device thread's queue: the CUDA context comes up while checkpoints are read and hashed
+    device_init = batcher.run_on_device(lambda: init_device(pick.device, settings.backend))
+    device_init.add_done_callback(lambda fut: _log_device_init(fut, pick.device))
     log.info("inference listening on %s (backend %s, device %s%s)", settings.address, settings.backend, pick.device,
              " FALLBACK: " + pick.reason if pick.fallback else "")
     stop = asyncio.Event()
@@ -138,6 +155,15 @@ async def serve(settings: InferenceSettings) -> int:
     await srv.stop(grace=2.0)
     batcher.stop()
     return 0
+
+
+def _log_device_init(fut: "asyncio.Future", device: str) -> None:
+    if fut.cancelled():
+        return
+    if fut.exception() is not None:   # the checkpoint load on the same device will fail and say why
+        log.error("device init failed: %s", fut.exception())
+    elif fut.result() > 0.01:
+        log.info("device %s initialised in %.0f ms", device, fut.result() * 1e3)
 
 
 async def _preload(servicer: InferenceServicer, registry: Registry, hs, feed: ChangeFeed, preload: list) -> None:

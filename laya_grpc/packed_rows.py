@@ -7,6 +7,7 @@ and masked, parallel-layout position/option ids padded with 0.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -15,6 +16,7 @@ import numpy as np
 from .errors import Kind, LayaError
 
 _I32 = np.dtype("<i4")
+_SMALL_PAD_ROWS = 8
 
 
 @dataclass
@@ -47,14 +49,15 @@ class PackedRows:
         lens = [len(r.ids) for r in rows]
         mlens = [len(r.markers) for r in rows]
         parallel = bool(rows) and rows[0].position_ids is not None
+        flat = itertools.chain.from_iterable
         return cls(
-            ids=np.fromiter((t for r in rows for t in r.ids), _I32, sum(lens)),
+            ids=np.fromiter(flat([r.ids for r in rows]), _I32, sum(lens)),
             row_offsets=_offsets(lens),
-            markers=np.fromiter((m for r in rows for m in r.markers), _I32, sum(mlens)),
+            markers=np.fromiter(flat([r.markers for r in rows]), _I32, sum(mlens)),
             marker_offsets=_offsets(mlens),
             qtypes=np.array([r.qtype for r in rows], _I32),
-            position_ids=np.fromiter((t for r in rows for t in r.position_ids), _I32, sum(lens)) if parallel else None,
-            option_ids=np.fromiter((t for r in rows for t in r.option_ids), _I32, sum(lens)) if parallel else None,
+            position_ids=np.fromiter(flat([r.position_ids for r in rows]), _I32, sum(lens)) if parallel else None,
+            option_ids=np.fromiter(flat([r.option_ids for r in rows]), _I32, sum(lens)) if parallel else None,
             fingerprint=fingerprint,
         )
 
@@ -77,7 +80,9 @@ class PackedRows:
         )
 
     def take(self, index: Sequence[int]) -> "PackedRows":
-        """The rows at `index`, in that order."""
+        """The rows at `index`, in that order (a contiguous range is sliced, not gathered)."""
+        if isinstance(index, range) and index.step == 1 and 0 <= index.start <= index.stop <= self.n:
+            return self._span(index.start, index.stop)
         idx = np.asarray(index, dtype=np.int64)
         ro, mo = self.row_offsets, self.marker_offsets
         tok = np.concatenate([np.arange(ro[i], ro[i + 1]) for i in idx]) if len(idx) else np.zeros(0, np.int64)
@@ -88,6 +93,20 @@ class PackedRows:
             qtypes=self.qtypes[idx],
             position_ids=None if self.position_ids is None else self.position_ids[tok],
             option_ids=None if self.option_ids is None else self.option_ids[tok],
+            fingerprint=self.fingerprint)
+
+    def _span(self, a: int, b: int) -> "PackedRows":
+        """Rows a..b-1 as views (all of them: self)."""
+        if a == 0 and b == self.n:
+            return self
+        ro, mo = self.row_offsets, self.marker_offsets
+        t0, t1, m0, m1 = int(ro[a]), int(ro[b]), int(mo[a]), int(mo[b])
+        return PackedRows(
+            ids=self.ids[t0:t1], row_offsets=(ro[a:b + 1] - ro[a]).astype(_I32, copy=False),
+            markers=self.markers[m0:m1], marker_offsets=(mo[a:b + 1] - mo[a]).astype(_I32, copy=False),
+            qtypes=self.qtypes[a:b],
+            position_ids=None if self.position_ids is None else self.position_ids[t0:t1],
+            option_ids=None if self.option_ids is None else self.option_ids[t0:t1],
             fingerprint=self.fingerprint)
 
     # -- padding for a forward pass -------------------------------------------------------
@@ -104,6 +123,24 @@ class PackedRows:
         mmask = np.zeros((N, K), dtype=bool)
         qtype = np.zeros((N,), dtype=np.int64)
         qtype[:n] = self.qtypes
+        out = {"input_ids": ids, "attention_mask": att, "marker_pos": mpos, "marker_mask": mmask, "qtype": qtype}
+        parallel = self.position_ids is not None
+        if parallel:
+            pos = np.zeros((N, L), dtype=np.int64)
+            opt = np.zeros((N, L), dtype=np.int64)
+            out["position_ids"], out["option_ids"] = pos, opt
+        if n <= _SMALL_PAD_ROWS:   # row by row: a few slice copies beat building scatter indices
+            ro, mo = self.row_offsets.tolist(), self.marker_offsets.tolist()
+            for i in range(n):
+                a, b, c, d = ro[i], ro[i + 1], mo[i], mo[i + 1]
+                ids[i, : b - a] = self.ids[a:b]
+                att[i, : b - a] = 1
+                mpos[i, : d - c] = self.markers[c:d]
+                mmask[i, : d - c] = True
+                if parallel:
+                    pos[i, : b - a] = self.position_ids[a:b]
+                    opt[i, : b - a] = self.option_ids[a:b]
+            return out
         tok_rows = np.repeat(np.arange(n), lens)
         tok_cols = np.arange(len(self.ids)) - np.repeat(self.row_offsets[:-1], lens)
         ids[tok_rows, tok_cols] = self.ids
@@ -112,13 +149,9 @@ class PackedRows:
         m_cols = np.arange(len(self.markers)) - np.repeat(self.marker_offsets[:-1], mcounts)
         mpos[m_rows, m_cols] = self.markers
         mmask[m_rows, m_cols] = True
-        out = {"input_ids": ids, "attention_mask": att, "marker_pos": mpos, "marker_mask": mmask, "qtype": qtype}
-        if self.position_ids is not None:
-            pos = np.zeros((N, L), dtype=np.int64)
-            opt = np.zeros((N, L), dtype=np.int64)
+        if parallel:
             pos[tok_rows, tok_cols] = self.position_ids
             opt[tok_rows, tok_cols] = self.option_ids
-            out["position_ids"], out["option_ids"] = pos, opt
         return out
 
     # -- protobuf -------------------------------------------------------------------------
@@ -150,25 +183,35 @@ class PackedRows:
         return rows
 
     def validate(self, vocab_size: Optional[int] = None, max_len: Optional[int] = None) -> None:
+        # ndarray methods, each difference computed once: this runs on every hop of every request
         n = len(self.qtypes)
         def bad(why: str):
             raise LayaError(Kind.INVALID, "token rows: " + why)
+        counts = []
         for name, off, total in (("row_offsets", self.row_offsets, len(self.ids)),
                                  ("marker_offsets", self.marker_offsets, len(self.markers))):
-            if len(off) != n + 1 or (n + 1 and (off[0] != 0 or off[-1] != total)) or np.any(np.diff(off) < 0):
+            if len(off) != n + 1 or off[0] != 0 or off[-1] != total:
                 bad("%s must have n_rows+1 non-decreasing entries from 0 to %d" % (name, total))
-        if n and np.any(self.lengths == 0):
+            d = off[1:] - off[:-1]
+            if n and d.min() < 0:
+                bad("%s must have n_rows+1 non-decreasing entries from 0 to %d" % (name, total))
+            counts.append(d)
+        lengths, mcounts = counts
+        if n and lengths.min() == 0:
             bad("empty row")
-        if np.any((self.qtypes < 0) | (self.qtypes > 2)):
+        if n and (self.qtypes.min() < 0 or self.qtypes.max() > 2):
             bad("qtype must be 0 (choice), 1 (score) or 2 (noul)")
         if len(self.ids) and (self.ids.min() < 0 or (vocab_size is not None and self.ids.max() >= vocab_size)):
             bad("token id outside the vocabulary (0..%s)" % ((vocab_size or 0) - 1))
-        if max_len is not None and n and int(self.lengths.max()) > max_len:
-            bad("a row of %d tokens is longer than the %d this checkpoint serves on its device (its CUDA graphs are "
-                "built for the checkpoint's max_len); send max_len <= %d" % (int(self.lengths.max()), max_len, max_len))
+        if max_len is not None:
+            self._check_max_len(max_len, lengths)
         if len(self.markers):
-            row_of = np.repeat(np.arange(n), self.marker_counts)
-            if np.any(self.markers < 0) or np.any(self.markers >= self.lengths[row_of]):
+            if self.markers.min() < 0:
+                bad("marker position outside its row")
+            if n == 1:
+                if self.markers.max() >= lengths[0]:
+                    bad("marker position outside its row")
+            elif np.any(self.markers >= np.repeat(lengths, mcounts)):
                 bad("marker position outside its row")
         for name in ("position_ids", "option_ids"):
             a = getattr(self, name)
@@ -176,6 +219,17 @@ class PackedRows:
                 bad("%s must have one entry per token" % name)
         if (self.position_ids is None) != (self.option_ids is None):
             bad("position_ids and option_ids come together")
+
+    def check_max_len(self, max_len: int) -> None:
+        """validate(max_len=...) for rows already validated (the only check that can still fail)."""
+        self._check_max_len(max_len, self.lengths)
+
+    def _check_max_len(self, max_len: int, lengths: np.ndarray) -> None:
+        if len(lengths) and int(lengths.max()) > max_len:
+            longest = int(lengths.max())
+            raise LayaError(Kind.INVALID, "token rows: a row of %d tokens is longer than the %d this checkpoint serves "
+                            "on its device (its CUDA graphs are built for the checkpoint's max_len); send max_len <= %d"
+                            % (longest, max_len, max_len))
 
 
 def _offsets(lengths) -> np.ndarray:

@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_flags(p)
     add_gateway_flags(p)
     flags.add(p, "--tokenizer-workers", env="LAYA_TOKENIZER_WORKERS", default=0, type=int,
-              help="tokenizer processes; each gateway spreads requests over them (0 = auto: one per 8 CPUs, at least 1)")
+              help="tokenizer processes; each gateway spreads requests over them (0 = auto: one per 4 CPUs, 1-4)")
     flags.add(p, "--gateway-workers", env="LAYA_GATEWAY_WORKERS", default=0, type=int,
               help="gateway processes sharing the HTTP and gRPC ports (Python work per request is the "
                    "ceiling under many clients; 0 = auto: one per 4 CPUs, 1 to 4)")
@@ -47,7 +47,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     for name, source in parse_checkpoint_specs(args.checkpoint).items():
         ck += ["--checkpoint", "%s=%s" % (name, source)]
     cpus = os.cpu_count() or 1
-    n_tok = args.tokenizer_workers or max(1, cpus // 8)
+    n_tok = args.tokenizer_workers or max(1, min(4, cpus // 4))   # ~0.6 ms of tokenizer CPU a request: 2 capped 64 clients
     n_gw = args.gateway_workers or max(1, min(4, cpus // 4))
     toks = ["unix:" + os.path.join(run_dir, "tokenizer-%d.sock" % i) for i in range(n_tok)]
     inf = "unix:" + os.path.join(run_dir, "inference.sock")
@@ -76,25 +76,48 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     if n_gw > 1:
         gw.append("--reuse-port")
     # metrics: gateway 0 on PORT (its own registry; each worker counts what it served)
-    children += [Child("gateway-%d" % i, gw + metrics_at(0 if i == 0 else 1 + n_tok + i)) for i in range(n_gw)]
+    children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]
+                       + metrics_at(0 if i == 0 else 1 + n_tok + i)) for i in range(n_gw)]
     return children
 
 
-async def announce_ready(grpc_address: str, http: str, started: float) -> None:
-    """Print one line when the gateway reports SERVING (every service up, every checkpoint warm)."""
+def control_address(run_dir: str, i: int) -> str:
+    """Gateway worker i's own gRPC address (readiness, status), reachable even when the workers
+    share --grpc and --http."""
+    return "unix:" + os.path.join(run_dir, "gateway-%d.sock" % i)
+
+
+def gateway_controls(children: list) -> list:
+    out = []
+    for c in children:
+        if c.name.startswith("gateway-") and "--control" in c.argv:
+            out.append(c.argv[c.argv.index("--control") + 1])
+    return out
+
+
+async def announce_ready(grpc_address: str, http: str, started: float, controls: list | None = None) -> None:
+    """Print one line once every gateway worker reports SERVING (every service up, every checkpoint
+    warm, and each worker's own warm-up done). Workers share --grpc, where a connection reaches only
+    one of them, so each is watched through its own control address."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from laya_grpc import rpc
     import grpc
-    while True:
-        try:
-            async with rpc.channel(grpc_address) as ch:
-                async for r in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service="")):
-                    if r.status == health_pb2.HealthCheckResponse.SERVING:
-                        print("laya-grpc: ready in %.1f s: http://%s/v1/systemone, grpc %s"
-                              % (time.monotonic() - started, http, grpc_address), file=sys.stderr, flush=True)
-                        return
-        except grpc.aio.AioRpcError:
-            await asyncio.sleep(0.3)
+
+    async def serving(address: str) -> None:
+        while True:
+            try:
+                async with rpc.channel(address) as ch:
+                    async for r in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service="")):
+                        if r.status == health_pb2.HealthCheckResponse.SERVING:
+                            return
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.3)
+
+    addresses = list(controls or [grpc_address])
+    await asyncio.gather(*[serving(a) for a in addresses])
+    workers = " (%d gateway workers)" % len(addresses) if len(addresses) > 1 else ""
+    print("laya-grpc: ready in %.1f s: http://%s/v1/systemone, grpc %s%s"
+          % (time.monotonic() - started, http, grpc_address, workers), file=sys.stderr, flush=True)
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -107,7 +130,7 @@ async def serve(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         install_stop_signals(stop)
         async with Supervisor(children) as sup:
-            ready = asyncio.ensure_future(announce_ready(args.grpc, args.http, started))
+            ready = asyncio.ensure_future(announce_ready(args.grpc, args.http, started, gateway_controls(children)))
             stopper = asyncio.ensure_future(stop.wait())
             done, _ = await asyncio.wait([stopper, sup.fatal], return_when=asyncio.FIRST_COMPLETED)
             ready.cancel()

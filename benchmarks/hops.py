@@ -1,0 +1,127 @@
+"""Per-hop latency of a running stack: tokenizer RPC, inference RPC, gRPC Decide, HTTP.
+
+Sequential requests of one short one-question decision, the hops interleaved request by request
+(so background load hits all of them alike); prints p50/p95 per hop, plus the inference
+service's own model_ms/queue_ms. Point it at a `laya-grpc serve --run-dir DIR` stack:
+
+    .venv/bin/python -m benchmarks.hops --run-dir DIR --http 127.0.0.1:18000 --grpc 127.0.0.1:50551 \
+        [--checkpoint english] [-n 500] [--inproc /path/to/checkpoint]
+
+`--inproc` also times the same request in this process (`laya_grpc.pipeline.Predictor`, torch CPU).
+On a small CPU-only machine start the stack with OMP_NUM_THREADS=1: torch's intra-op threads spin
+between forwards (~10 ms of CPU per request measured on 2 cores) and take the cores the gateway
+and tokenizer need, which then shows up as hop time. Requests use fresh-enough connections kept
+alive for the whole run; the first request after ready is timed by `python -m benchmarks.service first`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import time
+
+import grpc
+import numpy as np
+
+from laya_grpc import rpc
+from laya_grpc.questions import parse_questions
+from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+from tokenizer_svc.wire import question_to_text
+
+STATE = "My phone arrived broken and I want my money back today."
+QUESTIONS = {"angry": {"type": "noul", "instructions": "Is the customer angry?"}}
+
+
+class RawHTTP:
+    """One keep-alive connection, minimal client cost (no http.client parsing)."""
+
+    def __init__(self, address: str, path: str, body: bytes):
+        host, _, port = address.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.req = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                    % (path.encode(), address.encode(), len(body))) + body
+
+    def post(self) -> bytes:
+        self.sock.sendall(self.req)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += self.sock.recv(65536)
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        while len(rest) < length:
+            rest += self.sock.recv(65536)
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(head + rest)
+        return rest
+
+
+def pct(xs, q):
+    return float(np.percentile(np.asarray(xs) * 1e3, q))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", required=True, help="the serve --run-dir (tokenizer-0.sock, inference.sock)")
+    p.add_argument("--http", required=True)
+    p.add_argument("--grpc", required=True)
+    p.add_argument("--checkpoint", default="english")
+    p.add_argument("-n", type=int, default=500)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--inproc", default=None, help="checkpoint directory: also time the request in this process")
+    p.add_argument("--json", action="store_true", help="one JSON line instead of the table")
+    a = p.parse_args()
+
+    from clients import LayaClient
+    tok = tokenizer_pb2_grpc.TokenizerServiceStub(
+        grpc.insecure_channel("unix:" + os.path.join(a.run_dir, "tokenizer-0.sock"), options=rpc.CHANNEL_OPTIONS))
+    inf = inference_pb2_grpc.InferenceServiceStub(
+        grpc.insecure_channel("unix:" + os.path.join(a.run_dir, "inference.sock"), options=rpc.CHANNEL_OPTIONS))
+    treq = tokenizer_pb2.TokenizeRequest(checkpoint=a.checkpoint, states_json=[json.dumps(STATE)])
+    for q in parse_questions(QUESTIONS):
+        question_to_text(q, treq.questions.add())
+    ireq = inference_pb2.InferRequest(checkpoint=a.checkpoint)
+    ireq.rows.CopyFrom(tok.Tokenize(treq).rows)
+    client = LayaClient(a.grpc)
+    http = RawHTTP(a.http, "/v1/systemone", json.dumps({"state": STATE, "questions": QUESTIONS}).encode())
+
+    model_ms, queue_ms = [], []
+
+    def infer():
+        r = inf.Infer(ireq)
+        model_ms.append(r.model_ms / 1e3)
+        queue_ms.append(r.queue_ms / 1e3)
+
+    hops = {"tokenizer RPC": lambda: tok.Tokenize(treq), "inference RPC": infer,
+            "gRPC Decide": lambda: client.decide(STATE, QUESTIONS), "HTTP /v1/systemone": http.post}
+    if a.inproc:
+        from laya_grpc.pipeline import Predictor
+        pred = Predictor(a.inproc, device="cpu")
+        hops["in-process Predictor"] = lambda: pred.predict(STATE, QUESTIONS)
+    times = {k: [] for k in hops}
+    for i in range(a.warmup + a.n):
+        for name, fn in hops.items():
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+            if i >= a.warmup:
+                times[name].append(dt)
+    del model_ms[: a.warmup], queue_ms[: a.warmup]
+    rows = {k: (pct(v, 50), pct(v, 95)) for k, v in times.items()}
+    rows["  inference model_ms"] = (pct(model_ms, 50), pct(model_ms, 95))
+    rows["  inference queue_ms"] = (pct(queue_ms, 50), pct(queue_ms, 95))
+    m50 = rows["  inference model_ms"][0]
+    for name in ("inference RPC", "gRPC Decide", "HTTP /v1/systemone"):   # serving overhead, roughly
+        rows["  %s - model p50" % name.split()[0]] = (rows[name][0] - m50, float("nan"))
+    if a.json:
+        print(json.dumps({k: {"p50_ms": round(v[0], 3), "p95_ms": round(v[1], 3)} for k, v in rows.items()}))
+        return
+    print("%-24s %9s %9s   (n=%d sequential)" % ("hop", "p50 ms", "p95 ms", a.n))
+    for k, (p50, p95) in rows.items():
+        print("%-24s %9.3f %9.3f" % (k, p50, p95))
+
+
+if __name__ == "__main__":
+    main()
