@@ -15,7 +15,9 @@ and `predict_batch`'s usage block), per question row:
   and a question whose markers fall past it is refused with upstream's ValueError text.
 
 Only the `tokenizers` library is used. Requests repeat the same questions, so each question head is
-cached per `head_max_len`; all texts still to tokenise in a call go through one `encode_batch`.
+cached per `head_max_len`; all texts still to tokenise in a call go through one `encode_batch_fast`
+(same ids as `encode_batch`, no offsets), long states cut into pieces encoded in parallel where that
+is provably exact for the tokenizer (split_encode.py).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from laya_grpc.errors import Kind, LayaError
 from laya_grpc.questions import Question
 
 from .special_tokens import load_tokenizer
+from .split_encode import FastEncoder
 
 OPTION_TOKEN_CAP = 48          # `truncation=True, max_length=48` on every option text
 _HEAD_CACHE_SIZE = 1024
@@ -96,6 +99,7 @@ class TextEncoder:
     def __init__(self, tokenizer_dir: str, *, max_len: int, head_max_len: int, parallel_layout: bool = False):
         loaded = load_tokenizer(tokenizer_dir)
         self._tok = loaded.tokenizer
+        self._fast = FastEncoder(loaded.tokenizer, tokenizer_dir)
         self._truncation_side = loaded.truncation_side
         self.fingerprint = loaded.fingerprint
         self.mask_token = loaded.mask_token
@@ -110,9 +114,8 @@ class TextEncoder:
     # -- tokenisation -------------------------------------------------------------------------
 
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
-        if not texts:
-            return []
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        """The ids of each text, exactly `encode_batch(texts, add_special_tokens=False)`'s."""
+        return self._fast.encode(texts)
 
     def _cap_option(self, ids: list[int]) -> list[int]:
         if self._truncation_side == "right":
@@ -192,7 +195,7 @@ class TextEncoder:
             head_texts = self._head_texts(q)
             spans.append((key, hml, len(texts), len(texts) + len(head_texts)))
             texts.extend(head_texts)
-        encoded = self._encode_texts(texts)
+        encoded = self._fast.encode(texts, lazy=True)   # a long state's ids are sliced on demand
         if spans:
             with self._lock:
                 for key, hml, a, b in spans:
@@ -215,9 +218,10 @@ class TextEncoder:
                 results.append(e)
         return results
 
-    def _assemble(self, state: Any, state_ids: list[int], questions: list[Question], heads: dict,
+    def _assemble(self, state: Any, state_ids, questions: list[Question], heads: dict,
                   max_len: int, head_max_len: int) -> EncodedState:
-        """Upstream `_encode_state` + `build_sequence` for one state, and its usage block."""
+        """Upstream `_encode_state` + `build_sequence` for one state, and its usage block
+        (`state_ids`: a list or a `PieceIds`; only its length and slices are used)."""
         truncate_left = isinstance(state, list)
         rows: list[Row] = []
         dropped_by_q: list[int] = []
