@@ -23,7 +23,11 @@ def _kernels():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # n_tokens (B*L) and L change with every CUDA-graph bucket: not specialised, so Triton compiles
+    # one variant for all of them rather than one per divisibility class (and again for L == 1).
+    # gelu_gate's `inter` is the model's intermediate size, one value per model: it stays
+    # specialised (its divisibility by 16 lets the row loads vectorise).
+    @triton.jit(do_not_specialize=["n_tokens", "L"])
     def rope_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, n_tokens, L,
                        H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
                        HAS_POS: tl.constexpr):

@@ -46,8 +46,10 @@ def resolve_kernels(requested: str, device_type: str) -> str:
         return "reference"
     if device_type != "cuda":
         raise LayaError(Kind.INVALID, "--cuda-kernels fused needs a CUDA device; this runner is on %s" % device_type)
-    from inference_svc import cuda_kernels
+    from inference_svc import cuda_attention, cuda_kernels
     ok, why = cuda_kernels.available()
+    if ok:
+        ok, why = cuda_attention.available()
     if ok:
         return "fused"
     if requested == "fused":
@@ -94,7 +96,14 @@ class TorchRunner:
         ready; the batcher keeps batches within that budget); returns how many graphs are resident."""
         if self.graphs is None:
             return 0
-        self.graphs.warm(self.graphs.plan.warm_buckets(self.max_batch_tokens))
+        buckets = self.graphs.plan.warm_buckets(self.max_batch_tokens)
+        t0 = time.perf_counter()
+        self.graphs.warm(buckets[:1])   # the first capture also compiles/loads the kernels: timed apart
+        t1 = time.perf_counter()
+        self.graphs.warm(buckets[1:])
+        t2 = time.perf_counter()
+        log.info("captured %d CUDA graphs in %.0f ms (the first, with kernel compiles, %.0f ms; %s kernels)",
+                 len(buckets), (t2 - t0) * 1e3, (t1 - t0) * 1e3, self.kernels)
         return len(self.graphs.cache)
 
     def padded_tokens(self, rows: int, tokens: int) -> int:

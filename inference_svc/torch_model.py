@@ -66,6 +66,22 @@ class _Encoder(nn.Module):
         self.final_norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps, bias=False)
 
 
+@contextlib.contextmanager
+def _no_param_init():
+    """Skip nn.Module's random initialisation while building on the meta device: every parameter
+    is replaced by the checkpoint's tensor anyway, and on meta tensors `nn.init` goes through
+    torch._refs, whose first use imports torch._dynamo (~1.1 s of every service start)."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "xavier_uniform_", "ones_", "zeros_", "constant_")
+    saved = {n: getattr(nn.init, n) for n in names}
+    for n in names:
+        setattr(nn.init, n, lambda tensor, *a, **k: tensor)
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(nn.init, n, fn)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -122,6 +138,10 @@ class LayaTorch(nn.Module):
         # is `encode_fused`, the CUDA path (use_fused_kernels)
         self.kernels = "reference"
         self.attn_backends: list | None = None   # SDPA backends for encode_fused; None = torch's choice
+        # encode_fused's attention in the sequential layout: "triton" (cuda_attention.py, one launch a
+        # layer) or "sdpa" (rope_qk + SDPA with a bias, the earlier path, kept for A/B measurement);
+        # the parallel layout always takes "sdpa"
+        self.attn_impl = "triton"
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -136,7 +156,7 @@ class LayaTorch(nn.Module):
         """
         ckpt_dir = os.fspath(getattr(ckpt, "path", ckpt))
         spec = read_net_spec(ckpt_dir)
-        with torch.device("meta"):
+        with torch.device("meta"), _no_param_init():
             model = cls(spec)
         enc_dtype = TORCH_DTYPES[spec.encoder_dtype] if dtype is None else dtype
         rest_dtype = torch.float32 if dtype is None else dtype
@@ -197,9 +217,14 @@ class LayaTorch(nn.Module):
 
     # -- forward -----------------------------------------------------------------------------
 
-    def use_fused_kernels(self, attn_backends: list | None = None) -> None:
-        """Run `encode_fused` from now on (Triton kernels: cuda_kernels.py)."""
-        self.kernels, self.attn_backends = "fused", attn_backends
+    def use_fused_kernels(self, attn_backends: list | None = None, attn_impl: str = "triton") -> None:
+        """Run `encode_fused` from now on (Triton kernels: cuda_kernels.py, cuda_attention.py).
+
+        attn_impl "sdpa" keeps the earlier rope_qk + SDPA attention in the sequential layout too (A/B
+        measurement); attn_backends only steer SDPA, so they apply where SDPA runs."""
+        if attn_impl not in ("triton", "sdpa"):
+            raise LayaError(Kind.INVALID, "attn_impl must be one of triton, sdpa; got %r" % (attn_impl,))
+        self.kernels, self.attn_backends, self.attn_impl = "fused", attn_backends, attn_impl
 
     def encode(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
         """ModernBertModel(...).last_hidden_state."""
@@ -236,10 +261,14 @@ class LayaTorch(nn.Module):
     def encode_fused(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
         """`encode` in about a third of the kernels, for CUDA graphs (same function, float rounding apart).
 
-        Per layer: norm, Wqkv, one RoPE kernel for q and k, attention with a bias built once per
-        forward, Wo with the residual added in the GEMM (addmm, beta=1), norm, Wi, one GELU-gate
-        kernel, Wo + residual. The residual adds round once instead of twice; the tolerance is the
-        contract there (docs/performance.md), CPU fp32 serving keeps `encode`.
+        Per layer: norm, Wqkv, attention, Wo with the residual added in the GEMM (addmm, beta=1),
+        norm, Wi, one GELU-gate kernel, Wo + residual. Attention, sequential layout (attn_impl
+        "triton"): one kernel reading q/k/v from the Wqkv output, RoPE on load, masks from per-row
+        lengths, output token-major for Wo (cuda_attention.py; rows must be prefix-contiguous, as
+        the padded batches are). Parallel layout, or attn_impl "sdpa" (the earlier path, for A/B):
+        one RoPE kernel for q and k, SDPA with a bias built once per forward, a layout copy. The
+        residual adds round once instead of twice; the tolerance is the contract there
+        (docs/performance.md), CPU fp32 serving keeps `encode`.
         """
         from torch.nn.attention import sdpa_kernel
         from inference_svc import cuda_kernels as ck
@@ -248,21 +277,33 @@ class LayaTorch(nn.Module):
         N, d, H, hd = B * L, spec.hidden_size, spec.heads, spec.head_dim
         dtype = enc.embeddings.tok_embeddings.weight.dtype
         x = enc.embeddings.norm(enc.embeddings.tok_embeddings(input_ids)).view(N, d)
-        bias = {kind: torch.zeros(m.shape, dtype=dtype, device=x.device).masked_fill_(~m, float("-inf"))
-                for kind, m in self._masks(attention_mask, position_ids, option_ids, L).items()}
+        if self.attn_impl not in ("triton", "sdpa"):
+            raise LayaError(Kind.INVALID, "attn_impl must be one of triton, sdpa; got %r" % (self.attn_impl,))
+        one_kernel = position_ids is None and self.attn_impl == "triton"
+        if one_kernel:
+            from inference_svc import cuda_attention as ca
+            lengths = ca.lengths_of(attention_mask)                              # [B] int32, on the device
+        else:
+            bias = {kind: torch.zeros(m.shape, dtype=dtype, device=x.device).masked_fill_(~m, float("-inf"))
+                    for kind, m in self._masks(attention_mask, position_ids, option_ids, L).items()}
         tables = {kind: self._rope(spec.rope_theta[kind], L, x.device, dtype) for kind in set(spec.layer_types)}
         pos = None if position_ids is None else position_ids.contiguous()
         scale = hd ** -0.5
-        with sdpa_kernel(self.attn_backends) if self.attn_backends else contextlib.nullcontext():
+        with sdpa_kernel(self.attn_backends) if self.attn_backends and not one_kernel else contextlib.nullcontext():
             for layer, kind in zip(enc.layers, spec.layer_types):
                 y = x if layer.attn_norm is None else layer.attn_norm(x)
                 qkv = layer.attn.Wqkv(y)                                           # [N, 3d]
-                qk = ck.rope_qk(qkv, *tables[kind], pos, B, L, H)                # [2, N, H, hd]
-                q = qk[0].view(B, L, H, hd).transpose(1, 2)
-                k = qk[1].view(B, L, H, hd).transpose(1, 2)
-                v = qkv.view(B, L, 3, H, hd)[:, :, 2].transpose(1, 2)
-                a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[kind], scale=scale)
-                x = torch.addmm(x, a.transpose(1, 2).reshape(N, d), layer.attn.Wo.weight.t())
+                if one_kernel:
+                    a = ca.attention(qkv, *tables[kind], lengths, B, L, H, spec.sliding_window,
+                                     kind == SLIDING, scale)                       # [N, d]
+                else:
+                    qk = ck.rope_qk(qkv, *tables[kind], pos, B, L, H)            # [2, N, H, hd]
+                    q = qk[0].view(B, L, H, hd).transpose(1, 2)
+                    k = qk[1].view(B, L, H, hd).transpose(1, 2)
+                    v = qkv.view(B, L, 3, H, hd)[:, :, 2].transpose(1, 2)
+                    a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[kind], scale=scale)
+                    a = a.transpose(1, 2).reshape(N, d)
+                x = torch.addmm(x, a, layer.attn.Wo.weight.t())
                 x = torch.addmm(x, ck.gelu_gate(layer.mlp.Wi(layer.mlp_norm(x))), layer.mlp.Wo.weight.t())
         return enc.final_norm(x).view(B, L, d)
 

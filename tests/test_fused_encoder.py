@@ -12,9 +12,9 @@ import os
 import numpy as np
 import pytest
 
+os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported: its own jit helpers read it too
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-os.environ["TRITON_INTERPRET"] = "1"   # read when the kernels are first built (cuda_kernels._kernels)
 
 import torch.nn.functional as F  # noqa: E402
 
