@@ -2,6 +2,7 @@
 # One scripted GPU session (the device machine starts bare, no network): carried wheels (.whl),
 # then the phases named in PHASES (default: check,model,bench). Results go to $OUT.
 #   check  kernels and tiny checkpoints on CUDA against CPU fp32 (benchmarks/cuda_check.py); stops on failure
+#   profile  kernel time per name in one forward; start-up cold/warm Triton cache (benchmarks/gpu_profile.py)
 #   model  model time per encoder mode, warm-set capture, parity (benchmarks/model_speed.py, large preset)
 #   bench  the side-by-side suite: upstream eager, our engine, gRPC, HTTP (`laya-grpc bench`)
 set -u
@@ -15,9 +16,13 @@ case ",$PHASES," in *,check,*)
   python3 -m benchmarks.cuda_check --work-dir /tmp/ck 2>&1 | tee $OUT/cuda_check.txt
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "cuda_check failed: stopping"; exit 1; } ;;
 esac
+case ",$PHASES," in *,profile,*)
+  timeout ${PROFILE_TIMEOUT:-420} python3 -m benchmarks.gpu_profile --ckpt /tmp/lb/large --out $OUT \
+    --studies ${STUDIES:-startup,kernels} 2>&1 | grep -v '^{' ;;
+esac
 case ",$PHASES," in *,model,*)
   timeout ${MODEL_TIMEOUT:-300} python3 -m benchmarks.model_speed --ckpt /tmp/lb/large --out $OUT \
-    --iters ${ITERS:-200} --parity-rows ${PARITY_ROWS:-48} --modes ${MODES:-reference,fused,fused-efficient} ${WARM_SET:+--warm-set} 2>&1 \
+    --iters ${ITERS:-200} --parity-rows ${PARITY_ROWS:-48} --modes ${MODES:-fused,fused-sdpa,reference} ${WARM_SET:+--warm-set} 2>&1 \
     | grep -v '^{' ;;
 esac
 case ",$PHASES," in *,bench,*)

@@ -1,10 +1,11 @@
 """Model time on CUDA of the serving network behind the bucketed CUDA graphs, as TorchRunner runs
-it, per encoder mode (reference: transformers op for op; fused: cuda_kernels.py, with torch's SDPA
-choice or forced to the memory-efficient kernel): weight load, CUDA init, capture and replay per
+it, per encoder mode (reference: transformers op for op; fused: the Triton kernels, attention in
+one launch a layer (cuda_attention.py); fused-sdpa / fused-efficient: the earlier rope_qk + SDPA
+attention, torch's SDPA choice or the memory-efficient kernel): weight load, CUDA init, capture and replay per
 shape, the warm set's capture time (the ready-time cost), parity against CPU fp32 (the
 bit-exact-to-upstream path), steady state, and which SDPA kernels our mask shapes reach.
 
-`python -m benchmarks.model_speed --ckpt DIR --out DIR [--modes reference,fused,fused-efficient]`
+`python -m benchmarks.model_speed --ckpt DIR --out DIR [--modes fused,fused-sdpa,reference]`
 (makes a `large` checkpoint in DIR if it is missing). Needs only torch, numpy, safetensors,
 tokenizers and (fused) triton, so it runs on a bare GPU machine. Writes model_speed.jsonl (every
 record) and prints a summary table last.
@@ -35,6 +36,15 @@ def rows(lengths, markers, vocab, seed):
                     marker_offsets=np.concatenate([[0], np.cumsum(ks)]).astype(np.int32),
                     qtypes=rng.integers(0, 3, size=len(lengths)).astype(np.int32))
     return pr.pad(0)
+
+
+def ensure_large(ckpt: str, rec) -> None:
+    """The random-weight `large` checkpoint at `ckpt`, made (and timed) when it is missing."""
+    if not os.path.exists(os.path.join(ckpt, "model.safetensors")):
+        from laya_grpc.make_checkpoint import make_checkpoint
+        t = time.perf_counter()
+        make_checkpoint(ckpt, "large")
+        rec("make_checkpoint", s=time.perf_counter() - t)
 
 
 class Out:
@@ -133,8 +143,10 @@ def set_mode(torch, model, mode: str) -> None:
         model.kernels, model.attn_backends = "reference", None
     elif mode == "fused":
         model.use_fused_kernels()
+    elif mode == "fused-sdpa":        # the earlier attention: rope_qk + SDPA with a bias (A/B)
+        model.use_fused_kernels(attn_impl="sdpa")
     elif mode == "fused-efficient":
-        model.use_fused_kernels([SDPBackend.EFFICIENT_ATTENTION])
+        model.use_fused_kernels([SDPBackend.EFFICIENT_ATTENTION], attn_impl="sdpa")
     else:
         raise SystemExit("unknown mode %r" % mode)
 
@@ -188,16 +200,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--parity-rows", type=int, default=96)
-    p.add_argument("--modes", default="reference,fused,fused-efficient")
+    p.add_argument("--modes", default="fused,fused-sdpa,reference")
     p.add_argument("--warm-set", action="store_true", help="also time the capture of the whole warm set per mode")
+    p.add_argument("--token-buckets", default=None,
+                   help="comma list of token bucket sizes (default: cuda_graphs.DEFAULT_TOKEN_BUCKETS)")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     rec = Out(os.path.join(a.out, "model_speed.jsonl"))
-    if not os.path.exists(os.path.join(a.ckpt, "model.safetensors")):
-        from laya_grpc.make_checkpoint import make_checkpoint
-        t = time.perf_counter()
-        make_checkpoint(a.ckpt, "large")
-        rec("make_checkpoint", s=time.perf_counter() - t)
+    ensure_large(a.ckpt, rec)
 
     t = time.perf_counter()
     import torch
@@ -231,7 +241,8 @@ def main(argv=None) -> int:
     rec("cpu_reference", s=time.perf_counter() - t, rows=sum(len(b["input_ids"]) for b in par_batches))
     del cpu
 
-    plan = BucketPlan(max_rows=256, max_tokens=512)
+    plan = BucketPlan(max_rows=256, max_tokens=512) if not a.token_buckets else BucketPlan(
+        max_rows=256, max_tokens=512, token_buckets=tuple(int(t) for t in a.token_buckets.split(",")))
     bench = {s: rows([s[1]] * s[0], s[2], vocab, seed=s[0]) for s in SHAPES}
     summary = {}
     for mode in a.modes.split(","):

@@ -110,3 +110,17 @@ def mlx_dtype(name: Optional[str], device: str) -> str:
     if name in ("float16", "fp16"):
         return "float16"
     raise LayaError(Kind.INVALID, "the mlx backend runs float32 or float16, not %r" % name)
+
+
+def init_device(device: str, backend: str) -> float:
+    """Create the device's context now (seconds taken), so the first checkpoint load does not pay
+    for it: on CUDA that is ~3-4 s (context, cuBLAS handle) that can overlap reading and hashing
+    the checkpoint. Runs on the device thread; CPU, MPS and MLX need nothing here."""
+    import time
+    t0 = time.perf_counter()
+    if backend == "torch" and device.startswith("cuda"):
+        import torch
+        dev = torch.device(device)
+        a = torch.ones(8, 8, device=dev, dtype=torch.float16)
+        (a @ a).sum().item()   # context, allocator and a cuBLAS handle
+    return time.perf_counter() - t0

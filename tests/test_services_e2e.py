@@ -220,9 +220,10 @@ def test_status_stream_heartbeats_and_sees_a_killed_child_come_back(stack):
 
 
 def test_watch_sees_warming_then_ready(tiny_ckpt, tiny_ml_ckpt):
-    """A subscriber attached before readiness sees the checkpoints warm up, then the stack ready."""
+    """A subscriber attached before readiness is told the stack is not ready, then that it is ready."""
     s = Stack({"english": tiny_ckpt, "multilingual": tiny_ml_ckpt}, wait=False)
     states: list = []
+    events: list = []
     s.__enter__()
     try:
         deadline = time.monotonic() + 180
@@ -230,6 +231,7 @@ def test_watch_sees_warming_then_ready(tiny_ckpt, tiny_ml_ckpt):
             try:
                 with LayaClient(s.grpc) as c:
                     for ev in c.watch(heartbeat_s=0.5):
+                        events.append((ev.ready, [(svc.service, svc.state, svc.detail) for svc in ev.services]))
                         for svc in ev.services:
                             for cp in svc.checkpoints:
                                 states.append(cp.state)
@@ -239,9 +241,14 @@ def test_watch_sees_warming_then_ready(tiny_ckpt, tiny_ml_ckpt):
                 time.sleep(0.2)
             except StopIteration:
                 break
+        # tiny checkpoints load and warm in tens of ms, so whether the subscriber catches them in
+        # LOADING/WARMING is a race; what must hold: it is told "not ready" (services starting or
+        # checkpoints loading), then "ready" with every checkpoint READY. (PREPARING is seen
+        # deterministically in the on-demand test below.)
+        assert events[0][0] is False, events
+        assert events[-1][0] is True, events
         assert S.READY in states
-        first_ready = states.index(S.READY)
-        assert any(x in (S.LOADING, S.WARMING) for x in states[:first_ready]), states
+        assert not any(x in (S.FAILED,) for x in states), (states, events)
     finally:
         s.__exit__(None, None, None)
 

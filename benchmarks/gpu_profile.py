@@ -1,0 +1,146 @@
+"""Where the CUDA forward's time goes, and where start-up time goes: two studies for one GPU call.
+
+kernels: the fused encoder's forward run eagerly under torch.profiler (CUDA kernel times are the
+  same as inside the graph; only the launch gaps differ), summed per kernel name per forward,
+  next to the CUDA-graph replay time of the same bucket. Says which kernels to attack next.
+startup: `laya-grpc serve` on the checkpoint, twice: with an empty Triton cache (a fresh
+  machine) and with the cache the first start filled (a restart). Process-to-ready and the
+  service's own timing lines (device init, load, graph capture, warmup), then the first and
+  warm HTTP requests.
+
+`python -m benchmarks.gpu_profile --ckpt DIR --out DIR [--studies kernels,startup]`; makes the
+`large` checkpoint in DIR when it is missing. Writes gpu_profile.jsonl; prints tables last.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+
+from benchmarks.model_speed import Out, ensure_large, replay_ms, rows
+
+SHAPES = ((1, 132, 3), (1, 512, 5), (6, 132, 4), (64, 132, 3))
+TIMING_LINE = re.compile(r"initialised in|loaded .* in|captured \d+ CUDA graphs|ready on|laya-grpc: ready")
+
+
+def kernel_study(a, rec) -> list:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from inference_svc.cuda_graphs import BucketPlan, CudaGraphForward, field_views
+    from inference_svc.torch_model import LayaTorch
+    model = LayaTorch.from_checkpoint(a.ckpt, "cuda", torch.float16)
+    model.use_fused_kernels()
+    plan = BucketPlan(max_rows=256, max_tokens=512)
+    gf = CudaGraphForward(model, torch.device("cuda:0"), plan, parallel=False)
+    vocab = model.spec.vocab_size
+    tables = []
+    for s in SHAPES:
+        bk = plan.bucket(*s)
+        batch = rows([s[1]] * s[0], s[2], vocab, seed=s[0])
+        gf.forward(batch)
+        replay = replay_ms(torch, gf.cache.get(bk).graph, 100)
+        # the same padded batch (what the graph's input buffer now holds), eagerly, under the profiler
+        t = field_views(gf.cache.get(bk).dev_in, bk, False)
+        call = lambda: model(t["input_ids"], t["attention_mask"], t["marker_pos"], t["marker_mask"], t["qtype"])
+        with torch.inference_mode():
+            for _ in range(3):
+                call()
+            torch.cuda.synchronize()
+            iters = 5
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(iters):
+                    call()
+                torch.cuda.synchronize()
+        per = collections.defaultdict(lambda: [0.0, 0])
+        for e in prof.events():
+            if e.device_type.name == "CUDA":   # kernel and memcpy records: their GPU intervals
+                per[e.name][0] += e.time_range.elapsed_us() / iters
+                per[e.name][1] += 1
+        total = sum(v[0] for v in per.values())
+        top = sorted(per.items(), key=lambda kv: -kv[1][0])[:18]
+        r = rec("kernels", rows=s[0], tokens=s[1], bucket=[bk.rows, bk.tokens], replay_ms=replay,
+                kernel_sum_ms=total / 1e3, launches_per_forward=sum(v[1] for v in per.values()) / iters,
+                top=[{"name": n[:90], "us": round(v[0], 2), "per_fwd": v[1] / iters} for n, v in top])
+        tables.append(r)
+    gf.close()
+    del model
+    torch.cuda.empty_cache()
+    return tables
+
+
+def startup_study(a, rec) -> list:
+    from benchmarks.service import Served
+    cache = tempfile.mkdtemp(prefix="triton-cache-")
+    out = []
+    for label in ("cold_triton_cache", "warm_triton_cache"):
+        srv = Served({"english": a.ckpt}, [], {"TRITON_CACHE_DIR": cache, "LAYA_MAX_CONCURRENT": "256"})
+        try:
+            ready_s = srv.wait_ready(300)
+            body = json.dumps({"state": "The customer says: my parcel is late and the box was damaged.",
+                               "questions": {"intent": {"type": "choice", "instructions": "What does the customer want?",
+                                                        "criteria": {"refund": "money back", "exchange": "a new item",
+                                                                     "info": "a question answered"}}}}).encode()
+            times = []
+            for _ in range(60):
+                req = urllib.request.Request(srv.http + "/v1/systemone", data=body,
+                                             headers={"Content-Type": "application/json"})
+                t = time.perf_counter()
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    r.read()
+                times.append((time.perf_counter() - t) * 1e3)
+            with open(srv.log.name, "rb") as f:
+                log = f.read().decode("utf-8", "replace")
+            lines = [ln for ln in log.splitlines() if TIMING_LINE.search(ln)]
+            out.append(rec("startup", run=label, process_to_ready_s=ready_s, first_http_ms=times[0],
+                           warm_http_p50_ms=float(np.median(times[10:])), timing_lines=lines[-12:]))
+        finally:
+            srv.close()
+    shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_profile")
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--studies", default="kernels,startup")
+    a = p.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    rec = Out(os.path.join(a.out, "gpu_profile.jsonl"))
+    ensure_large(a.ckpt, rec)
+    studies = a.studies.split(",")
+    kernels = startup = []
+    if "startup" in studies:   # first: its cold run must find no Triton cache of this process's making
+        try:
+            startup = startup_study(a, rec)
+        except Exception as e:  # noqa: BLE001 - a failed study is a finding; the other still runs
+            rec("error", study="startup", error=repr(e)[:2000])
+    if "kernels" in studies:
+        try:
+            kernels = kernel_study(a, rec)
+        except Exception as e:  # noqa: BLE001
+            rec("error", study="kernels", error=repr(e)[:2000])
+    for r in kernels:
+        print("\n%dx%d (bucket %s): graph replay %.3f ms, kernels %.3f ms, %d launches"
+              % (r["rows"], r["tokens"], r["bucket"], r["replay_ms"], r["kernel_sum_ms"], r["launches_per_forward"]))
+        for k in r["top"]:
+            print("  %8.1f us %5.0f x  %s" % (k["us"], k["per_fwd"], k["name"]))
+    for r in startup:
+        print("\n[%s] ready %.1f s, first HTTP %.1f ms, warm p50 %.2f ms" % (
+            r["run"], r["process_to_ready_s"], r["first_http_ms"], r["warm_http_p50_ms"]))
+        for ln in r["timing_lines"]:
+            print("   " + ln[-160:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
