@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--ab-pairs", env="LAYA_BENCH_AB_PAIRS", default=None, type=int,
               help="paired upstream/engine runs per input for the ratio and its bootstrap interval")
     flags.add(p, "--idle-gaps", env="LAYA_BENCH_IDLE_GAPS", default=None, help="quiet seconds before a request")
+    flags.add(p, "--soak", env="LAYA_BENCH_SOAK", default=None, type=int,
+              help="random-length requests the engine answers before its memory is read again (the issue "
+                   "asks 10,000: ~30-60 s on an H200)")
     flags.add(p, "--max-concurrent", env="LAYA_BENCH_MAX_CONCURRENT", default=256, type=int,
               help="the gateway's admission bound during the run (LAYA_MAX_CONCURRENT)")
 
@@ -58,7 +61,7 @@ def _defaults(a) -> None:
     a.duration = a.duration or (1.0 if smoke else 5.0)
     a.ab_pairs = a.ab_pairs if a.ab_pairs is not None else (4 if smoke else 100)
     a.idle_gaps = a.idle_gaps or ("0.2" if smoke else "1,3,8")
-    a.soak = 10 if smoke else 300
+    a.soak = a.soak or (10 if smoke else 10000)
     a.parity_n = 4 if smoke else 32
     a.client_procs = 2 if smoke else 8
     a.ready_timeout = 300.0
