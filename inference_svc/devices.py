@@ -114,8 +114,9 @@ def mlx_dtype(name: Optional[str], device: str) -> str:
 
 def init_device(device: str, backend: str) -> float:
     """Create the device's context now (seconds taken), so the first checkpoint load does not pay
-    for it: on CUDA that is ~3-4 s (context, cuBLAS handle) that can overlap reading and hashing
-    the checkpoint. Runs on the device thread; CPU, MPS and MLX need nothing here."""
+    for it: on CUDA the context and a cuBLAS handle (0.29 s on the H200 once torch is imported),
+    overlapping the checkpoint's validation and digest. Runs on the device thread; CPU, MPS and MLX
+    need nothing here."""
     import time
     t0 = time.perf_counter()
     if backend == "torch" and device.startswith("cuda"):

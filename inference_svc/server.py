@@ -42,10 +42,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self._runner_facts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def _facts(self, runner) -> tuple:
-        try:
-            facts = self._runner_facts.get(runner)
-        except TypeError:   # not weak-referenceable: read it every time
-            return runner.device(), runner.dtype()
+        facts = self._runner_facts.get(runner)
         if facts is None:
             facts = self._runner_facts[runner] = (runner.device(), runner.dtype())
         return facts

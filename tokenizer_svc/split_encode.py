@@ -135,9 +135,13 @@ def _sentencepiece_problem(cfg: dict) -> Optional[str]:
     return None
 
 
-def analyse(tok: Tokenizer) -> Policy:
+def _config(tok: Tokenizer) -> dict:
+    return json.loads(tok.to_str())
+
+
+def analyse(tok: Tokenizer, cfg: Optional[dict] = None) -> Policy:
     """Which split mode, if any, is exact for this tokenizer (from its serialized config)."""
-    cfg = json.loads(tok.to_str())
+    cfg = _config(tok) if cfg is None else cfg
     model = cfg.get("model") or {}
     if model.get("type") != "BPE":
         return Policy(None, "model %s is not analysed (only BPE)" % model.get("type"))
@@ -157,9 +161,10 @@ def analyse(tok: Tokenizer) -> Policy:
     return Policy(None, problem) if problem else Policy(GPT2_REGEX_MODE, "ByteLevel GPT-2 regex words")
 
 
-def ascii_twin(tok: Tokenizer) -> Optional[Tokenizer]:
-    """`tok` without its normalizer when that normalizer is the identity on ASCII text, else None."""
-    cfg = json.loads(tok.to_str())
+def ascii_twin(tok: Tokenizer, cfg: Optional[dict] = None) -> Optional[Tokenizer]:
+    """`tok` without its normalizer when that normalizer is the identity on ASCII text, else None.
+    (`cfg`, the parsed serialized tokenizer, is modified.)"""
+    cfg = _config(tok) if cfg is None else cfg
     steps = _steps(cfg.get("normalizer"), "normalizers")
     if not steps or any(s.get("type") not in _UNICODE_FORMS for s in steps):
         return None
@@ -224,8 +229,9 @@ class FastEncoder:
     def __init__(self, tok: Tokenizer, name: str = "", *, min_split_chars: int = MIN_SPLIT_CHARS,
                  piece_chars: int = PIECE_CHARS, max_pieces: Optional[int] = None):
         self.tok = tok
-        self.policy = analyse(tok)
-        self.twin = ascii_twin(tok)
+        cfg = _config(tok)   # serialized and parsed once (a large vocabulary takes a while)
+        self.policy = analyse(tok, cfg)
+        self.twin = ascii_twin(tok, cfg)   # last: it edits cfg
         self.min_split_chars, self.piece_chars = min_split_chars, piece_chars
         self.max_pieces = max_pieces if max_pieces is not None else rayon_threads()
         self._batch = getattr(tok, "encode_batch_fast", tok.encode_batch)
