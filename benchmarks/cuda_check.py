@@ -1,9 +1,11 @@
 """Correctness of the CUDA path on a real GPU, before anything is timed (the device machine's first step).
 
 1. The Triton kernels (inference_svc/cuda_kernels.py) against the eager torch ops they replace, on
-   fresh random fp16 inputs, outputs poisoned first so an unwritten element fails.
-2. Tiny checkpoints (sequential and parallel option layout): the CUDA runner (CUDA graphs, fused and
-   reference encoders) against the CPU fp32 runner on real tokenized rows, logits compared.
+   fresh random fp16 inputs (add_layer_norm also bf16 and fp32), every element compared.
+2. Tiny checkpoints (sequential and parallel option layout): the CUDA runner (CUDA graphs, fused
+   encoder with add_norm "triton" and "addmm", reference encoder) against the CPU fp32 runner on
+   real tokenized rows, logits compared; and (printed, not judged) how closely each fused variant's
+   fp16 hidden states track the eager `encode`.
 
 `python -m benchmarks.cuda_check --work-dir DIR`; prints one line per check, exits 1 on a failure.
 """
@@ -47,6 +49,51 @@ def check_kernels(torch) -> list[str]:
         print("gelu_gate n=%d I=%d elements differing %d max|err| %.3g" % (n, inter, diff, err), flush=True)
         if not err <= 1e-2 or not torch.isfinite(out).all():
             bad.append("gelu_gate %s" % ((n, inter),))
+    bad += check_add_layer_norm(torch, g)
+    return bad
+
+
+def ulps(torch, got, ref):
+    """|got - ref| in units of the spacing of ref's dtype at ref's magnitude, per element."""
+    mant = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}[ref.dtype]
+    ulp = torch.exp2(torch.floor(torch.log2(ref.float().abs().clamp_min(torch.finfo(ref.dtype).tiny))) - mant)
+    return (got.float() - ref.float()).abs() / ulp
+
+
+def check_add_layer_norm(torch, g) -> list[str]:
+    """x += o in place must equal the eager `x + o` bit for bit (the same fp32 add, one rounding);
+    y must equal the eager F.layer_norm of that sum to within 1 ulp of a 16-bit dtype (fp32
+    statistics reduced in another order: a value at a rounding midpoint may round the other way),
+    fp32 to 1e-5 (there the reduction order shows directly). The no-`o` variant (the embedding
+    norm) the same against F.layer_norm(x)."""
+    import torch.nn.functional as F
+    from inference_svc import cuda_kernels as ck
+    bad = []
+    eps = 1e-5
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for n, d in ((1, 1024), (160, 1024), (10240, 1024), (37, 96), (5, 200)):
+            x = (torch.randn(n, d, device="cuda", generator=g) * 4 + 1).to(dtype)
+            o = (torch.randn(n, d, device="cuda", generator=g) * 2).to(dtype)
+            w = (1 + 0.3 * torch.randn(d, device="cuda", generator=g)).to(dtype)
+            h = x + o
+            ref = F.layer_norm(h, (d,), w, None, eps)
+            x0 = x.clone()
+            xx, y = ck.add_layer_norm(x, o, w, eps)
+            y0 = ck.layer_norm(x0, w, eps)
+            ref0 = F.layer_norm(x0, (d,), w, None, eps)
+            h_ok = xx is x and torch.equal(x, h)
+            err, err0 = float((y - ref).abs().max()), float((y0 - ref0).abs().max())
+            u, u0 = float(ulps(torch, y, ref).max()), float(ulps(torch, y0, ref0).max())
+            diff = int((y != ref).sum())
+            print("add_layer_norm %s n=%d d=%d: h bit-equal %s; y elements differing %d, max|err| %.3g (%.2f ulp); "
+                  "layer_norm max|err| %.3g (%.2f ulp)" % (str(dtype)[6:], n, d, h_ok, diff, err, u, err0, u0),
+                  flush=True)
+            if dtype == torch.float32:
+                close = all(bool(torch.isclose(a, b, rtol=1e-5, atol=1e-5).all()) for a, b in ((y, ref), (y0, ref0)))
+            else:
+                close = u <= 1.0 and u0 <= 1.0
+            if not (h_ok and close and torch.isfinite(y).all() and torch.isfinite(y0).all()):
+                bad.append("add_layer_norm %s" % ((str(dtype)[6:], n, d),))
     return bad
 
 
@@ -70,19 +117,45 @@ def check_runners(torch, work: str) -> list[str]:
         rows = [r for e in enc.encode_many(states, questions) for r in e.rows]
         batch = PackedRows.from_rows(rows).pad(int(ck.special.pad_id))
         ref, _ = TorchRunner(path, "cpu", None).forward(batch)
-        for kernels in ("fused", "reference"):
+        for kernels, add_norm in (("fused", "triton"), ("fused", "addmm"), ("reference", None)):
             r = TorchRunner(path, "cuda", None, cuda_kernels=kernels)
+            if add_norm is not None and r.kernels == "fused":
+                r.model.use_fused_kernels(add_norm=add_norm)          # before any graph is captured
             n_graphs = r.warm()
             lg, act = r.forward(batch)
             K = batch["marker_mask"].sum(1)
             err = max(float(np.abs(lg[i, :k] - ref[i, :k]).max()) for i, k in enumerate(K))
+            name = r.kernels + ("" if add_norm is None else " add_norm=" + add_norm)
             print("%s %s: %d graphs, %d rows, max|dlogit| vs cpu fp32 %.4f, finite %s"
-                  % (preset, r.kernels, n_graphs, len(K), err, bool(np.isfinite(lg).all() and np.isfinite(act).all())),
+                  % (preset, name, n_graphs, len(K), err, bool(np.isfinite(lg).all() and np.isfinite(act).all())),
                   flush=True)
             if r.kernels != kernels or not err < 0.05 or not np.isfinite(lg).all():
-                bad.append("%s %s" % (preset, kernels))
+                bad.append("%s %s" % (preset, name))
             r.close()
+        encoder_rounding(torch, path, batch)
     return bad
+
+
+def encoder_rounding(torch, path: str, batch) -> None:
+    """Printed, not judged: fp16 hidden states of `encode_fused` (eager, no graphs) against the eager
+    `encode` on the real positions, for add_norm "triton" (GEMM output rounded, then the add, as
+    `encode` rounds) and "addmm" (residual inside the GEMM, one rounding), with either attention
+    (attn_impl; the parallel layout takes SDPA in both). Attention that differs from `encode`'s adds
+    its own rounding to both, so the add/norm part shows as the gap between the two add_norm lines."""
+    from inference_svc.torch_model import LayaTorch
+    model = LayaTorch.from_checkpoint(path, "cuda", torch.float16)
+    t = {k: torch.from_numpy(np.ascontiguousarray(v)).cuda() for k, v in batch.items()}
+    args = (t["input_ids"], t["attention_mask"], t.get("position_ids"), t.get("option_ids"))
+    real = t["attention_mask"].bool()
+    with torch.inference_mode():
+        ref = model.encode(*args).float()
+        for attn_impl in ("triton", "sdpa"):
+            for add_norm in ("triton", "addmm"):
+                model.use_fused_kernels(attn_impl=attn_impl, add_norm=add_norm)
+                e = (model.encode_fused(*args).float() - ref)[real].abs()
+                print("  encode_fused attn_impl=%s add_norm=%s vs encode, fp16 hidden states: mean|diff| %.3g "
+                      "max %.3g, bit-equal %.1f%%" % (attn_impl, add_norm, float(e.mean()), float(e.max()),
+                                                      100 * float((e == 0).float().mean())), flush=True)
 
 
 def main(argv=None) -> int:

@@ -7,8 +7,11 @@ startup: `laya-grpc serve` on the checkpoint, twice: with an empty Triton cache 
   machine) and with the cache the first start filled (a restart). Process-to-ready and the
   service's own timing lines (device init, load, graph capture, warmup), then the first and
   warm HTTP requests.
+hops: `serve` with the default workers (gateway->backend calls streamed, then unary) and with one
+  gateway and one tokenizer, each timed per hop by benchmarks/hops.py (tokenizer RPC, inference
+  RPC, gRPC Decide, HTTP).
 
-`python -m benchmarks.gpu_profile --ckpt DIR --out DIR [--studies kernels,startup]`; makes the
+`python -m benchmarks.gpu_profile --ckpt DIR --out DIR [--studies kernels,startup,hops]`; makes the
 `large` checkpoint in DIR when it is missing. Writes gpu_profile.jsonl; prints tables last.
 """
 from __future__ import annotations
@@ -108,22 +111,53 @@ def startup_study(a, rec) -> list:
     return out
 
 
+def hops_study(a, rec, cache: str | None) -> list:
+    """Per-hop latency (benchmarks/hops.py) of a served stack, per serve configuration."""
+    import subprocess
+    from benchmarks.service import Served
+    env = {"LAYA_MAX_CONCURRENT": "256"}
+    if cache:
+        env["TRITON_CACHE_DIR"] = cache
+    out = []
+    one = ["--gateway-workers", "1", "--tokenizer-workers", "1"]
+    for label, extra, calls in (("default workers, streamed internal calls", [], "stream"),
+                                ("default workers, unary internal calls", [], "unary"),
+                                ("1 gateway, 1 tokenizer, streamed", one, "stream")):
+        srv = Served({"english": a.ckpt}, extra, dict(env, LAYA_GATEWAY_INTERNAL_CALLS=calls))
+        try:
+            ready_s = srv.wait_ready(300)
+            cmd = [sys.executable, "-m", "benchmarks.hops", "--run-dir", srv.run_dir, "--http",
+                   "127.0.0.1:%d" % srv.http_port, "--grpc", srv.grpc, "-n", str(a.hops_n), "--json"]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            hops = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else {"error": res.stderr[-2000:]}
+            out.append(rec("hops", config=label, extra=extra, process_to_ready_s=ready_s, hops=hops))
+        finally:
+            srv.close()
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_profile")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--studies", default="kernels,startup")
+    p.add_argument("--studies", default="kernels,startup", help="comma list of startup, hops, kernels")
+    p.add_argument("--hops-n", type=int, default=300, help="sequential requests per hop in the hops study")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     rec = Out(os.path.join(a.out, "gpu_profile.jsonl"))
     ensure_large(a.ckpt, rec)
     studies = a.studies.split(",")
-    kernels = startup = []
+    kernels = startup = hops = []
     if "startup" in studies:   # first: its cold run must find no Triton cache of this process's making
         try:
             startup = startup_study(a, rec)
         except Exception as e:  # noqa: BLE001 - a failed study is a finding; the other still runs
             rec("error", study="startup", error=repr(e)[:2000])
+    if "hops" in studies:
+        try:
+            hops = hops_study(a, rec, os.environ.get("TRITON_CACHE_DIR"))
+        except Exception as e:  # noqa: BLE001
+            rec("error", study="hops", error=repr(e)[:2000])
     if "kernels" in studies:
         try:
             kernels = kernel_study(a, rec)
@@ -134,6 +168,10 @@ def main(argv=None) -> int:
               % (r["rows"], r["tokens"], r["bucket"], r["replay_ms"], r["kernel_sum_ms"], r["launches_per_forward"]))
         for k in r["top"]:
             print("  %8.1f us %5.0f x  %s" % (k["us"], k["per_fwd"], k["name"]))
+    for r in hops:
+        print("\n[hops: %s] ready %.1f s" % (r["config"], r["process_to_ready_s"]))
+        for k, v in r["hops"].items():
+            print("   %-26s %s" % (k, v))
     for r in startup:
         print("\n[%s] ready %.1f s, first HTTP %.1f ms, warm p50 %.2f ms" % (
             r["run"], r["process_to_ready_s"], r["first_http_ms"], r["warm_http_p50_ms"]))

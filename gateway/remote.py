@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from laya_grpc import rpc
+from laya_grpc import rpc, streams
 from laya_grpc.lifecycle import ChangeFeed
 from laya_grpc.packed_rows import PackedRows
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokenizer_pb2, tokenizer_pb2_grpc
@@ -54,13 +54,17 @@ class Backend:
 
 class RemoteServices:
     def __init__(self, tokenizer_addresses: Sequence[str], inference_address: str, feed: ChangeFeed,
-                 tokenize_timeout_s: float = 30.0, infer_timeout_s: float = 600.0):
+                 tokenize_timeout_s: float = 30.0, infer_timeout_s: float = 600.0, internal_calls: str = "stream"):
         self.feed = feed
         self.tokenizers = [Backend("tokenizer", a, rpc.channel(a)) for a in tokenizer_addresses]
         self.inference = Backend("inference", inference_address, rpc.channel(inference_address))
-        self._tok_stubs = [tokenizer_pb2_grpc.TokenizerServiceStub(b.channel) for b in self.tokenizers]
+        self._tok_calls = [streams.caller(internal_calls, tokenizer_pb2_grpc.TokenizerServiceStub(b.channel),
+                                          "Tokenize", "TokenizeStream", tokenizer_pb2.TokenizeCall, "tokenizer service")
+                           for b in self.tokenizers]
         self._rr = itertools.cycle(range(len(self.tokenizers)))
         self._inf = inference_pb2_grpc.InferenceServiceStub(self.inference.channel)
+        self._inf_call = streams.caller(internal_calls, self._inf, "Infer", "InferStream", inference_pb2.InferCall,
+                                        "inference service")
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._tasks: list[asyncio.Task] = []
         self._coalescer = InferCoalescer(self._infer_call)
@@ -78,6 +82,8 @@ class RemoteServices:
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
+        for m in self._tok_calls + [self._inf_call]:
+            await m.close()
         for b in self.tokenizers + [self.inference]:
             await b.channel.close()
 
@@ -152,11 +158,7 @@ class RemoteServices:
             req.max_len = max_len
         if head_max_len is not None:
             req.head_max_len = head_max_len
-        i = next(self._rr)
-        try:
-            resp = await self._tok_stubs[i].Tokenize(req, timeout=self.tokenize_timeout_s)
-        except grpc.aio.AioRpcError as e:
-            raise rpc.error_from_rpc(e, "tokenizer service") from None
+        resp = await self._tok_calls[next(self._rr)].call(req, self.tokenize_timeout_s)
         rows = PackedRows.from_proto(resp.rows)
         per = resp.rows_per_state
         return [Encoded(rows.take(range(k * per, (k + 1) * per)), json.loads(u))
@@ -178,10 +180,7 @@ class RemoteServices:
     async def _infer_call(self, checkpoint: str, rows: PackedRows):
         req = inference_pb2.InferRequest(checkpoint=checkpoint)
         rows.to_proto(req.rows)
-        try:
-            return await self._inf.Infer(req, timeout=self.infer_timeout_s)
-        except grpc.aio.AioRpcError as e:
-            raise rpc.error_from_rpc(e, "inference service") from None
+        return await self._inf_call.call(req, self.infer_timeout_s)
 
     async def checkpoint(self, name: str) -> CheckpointInfo:
         st = self._checkpoint_status(name)

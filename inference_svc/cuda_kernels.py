@@ -1,4 +1,4 @@
-"""Two Triton kernels that collapse the encoder's elementwise chains on CUDA.
+"""Three Triton kernels that collapse the encoder's elementwise chains on CUDA.
 
 Why: behind CUDA graphs a short request is launch-bound (~30 kernels a layer x 28 layers, ~3 ms
 on an H200 against a ~0.2 ms memory floor). RoPE alone is ~14 of those kernels (fp32 casts,
@@ -8,7 +8,11 @@ Here each is one pass:
 - `rope_qk`: q and k of one token, rotated in fp32 from the fused Wqkv output and the model's
   cached 16-bit cos/sin tables (transformers' apply_rotary_pos_emb), one program per token;
 - `gelu_gate`: ModernBERT's GLU, gelu(first half) * second half, rounded after the GELU as the
-  eager fp16 ops round, so the CUDA results equal the reference kernels' to float rounding.
+  eager fp16 ops round, so the CUDA results equal the reference kernels' to float rounding;
+- `add_layer_norm`: the residual add and the LayerNorm after it (x += o in place, y = LN(x)), one
+  pass instead of a residual-in-the-GEMM `addmm` (cuBLAS copies x into its output first, a DtoD
+  memcpy per GEMM) plus a LayerNorm launch. It also rounds as `encode` does: the GEMM output to the
+  dtype, then the add, where addmm rounded once. `layer_norm` is the same kernel with no `o`.
 
 Triton imports lazily: on a host without it `available()` says why, and the CPU tests run these
 same kernels through Triton's interpreter (TRITON_INTERPRET=1, tests/test_fused_encoder.py).
@@ -73,10 +77,48 @@ def _kernels():
     return triton, rope_qk_kernel, gelu_gate_kernel
 
 
+@functools.lru_cache(maxsize=1)
+def _norm_kernel():
+    """Built apart from `_kernels()`, whose (triton, rope, gelu) triple callers unpack."""
+    import triton
+    import triton.language as tl
+
+    # ROWS rows of the [N, d] residual stream per program, each whole row in registers (BLOCK =
+    # next_power_of_2(d), masked past d): one row at the real d = 1024, several at small widths so a
+    # program still has ~1024 elements. n_rows (N = B*L) changes with every CUDA-graph bucket: not
+    # specialised, so every bucket reuses one compiled variant per (dtype, d, HAS_RES); d (one value
+    # per model) stays specialised, its divisibility by 16 vectorises the row loads.
+    @triton.jit(do_not_specialize=["n_rows"])
+    def add_layer_norm_kernel(x_ptr, o_ptr, w_ptr, y_ptr, n_rows, d, eps,
+                              ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+        c = tl.arange(0, BLOCK)[None, :]
+        cm = c < d
+        m = (r < n_rows) & cm
+        off = r.to(tl.int64) * d + c
+        h = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+        if HAS_RES:
+            h += tl.load(o_ptr + off, mask=m, other=0.0).to(tl.float32)
+            # the eager `x + o` rounds the sum to the stream's dtype; the statistics use that value
+            h = h.to(x_ptr.dtype.element_ty)
+            tl.store(x_ptr + off, h, mask=m)
+            h = h.to(tl.float32)
+        mean = tl.sum(h, axis=1)[:, None] / d
+        diff = tl.where(cm, h - mean, 0.0)
+        var = tl.sum(diff * diff, axis=1)[:, None] / d        # biased, as F.layer_norm
+        rstd = tl.math.rsqrt(var + eps)
+        w = tl.load(w_ptr + c, mask=cm, other=0.0).to(tl.float32)
+        # torch's CUDA kernel: gamma * (rstd * (x - mean)), in fp32, one rounding to the dtype
+        tl.store(y_ptr + off, (w * (diff * rstd)).to(y_ptr.dtype.element_ty), mask=m)
+
+    return triton, add_layer_norm_kernel
+
+
 def available() -> tuple[bool, str]:
     """(usable, why not): Triton importable and able to build these kernels here."""
     try:
         _kernels()
+        _norm_kernel()
     except Exception as e:  # noqa: BLE001 - reported to the operator, never swallowed
         return False, "triton unavailable: %s: %s" % (type(e).__name__, e)
     return True, ""
@@ -109,3 +151,32 @@ def gelu_gate(x):
     block = min(1024, triton.next_power_of_2(inter))
     kernel[(n, triton.cdiv(inter, block))](x, out, inter, BLOCK=block)
     return out
+
+
+def _norm_launch(x, o, weight, eps: float):
+    import torch
+    triton, kernel = _norm_kernel()
+    n, d = x.shape
+    if not x.is_contiguous() or weight.shape != (d,) or (o is not None and (o.shape != x.shape or o.dtype != x.dtype
+                                                                             or not o.is_contiguous())):
+        raise ValueError("add_layer_norm: x, o contiguous [N, d] of one dtype, weight [d]; got %s %s %s"
+                         % (tuple(x.shape), None if o is None else (tuple(o.shape), o.dtype), tuple(weight.shape)))
+    y = torch.empty_like(x)
+    block = triton.next_power_of_2(d)
+    rows = max(1, 1024 // block)
+    # ~1024 elements a program, 4 warps: 8 per thread, 16-byte loads at fp16 (d = 1024: one row)
+    kernel[(triton.cdiv(n, rows),)](x, x if o is None else o, weight, y, n, d, float(eps), ROWS=rows, BLOCK=block,
+                                    HAS_RES=o is not None, num_warps=min(max(rows * block // 256, 1), 16))
+    return y
+
+
+def add_layer_norm(x, o, weight, eps: float):
+    """(x, y): x += o in place (rounded to x's dtype, as the eager `x + o`), y = layer_norm(x, (d,),
+    weight, None, eps) in a new buffer. x, o: [N, d] contiguous, one dtype; weight: [d]; fp32 maths."""
+    return x, _norm_launch(x, o, weight, eps)
+
+
+def layer_norm(x, weight, eps: float):
+    """layer_norm(x, (d,), weight, None, eps) for x [N, d] contiguous: `add_layer_norm` with no o
+    (x is only read)."""
+    return _norm_launch(x, None, weight, eps)

@@ -15,12 +15,12 @@ import weakref
 
 import numpy as np
 
-from laya_grpc import flags, metrics, rpc
+from laya_grpc import flags, metrics, rpc, streams
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_logging
 from laya_grpc.packed_rows import PackedRows
 from laya_grpc.decode import softmax_f32
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2
+from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokens_pb2
 
 from .batcher import Batcher
 from .registry import Registry
@@ -49,6 +49,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     @rpc.servicer_errors
     async def Infer(self, request, context):
+        return await self.infer(request)
+
+    async def InferStream(self, request_iterator, context):
+        await streams.serve_calls(request_iterator, context, self.infer, inference_pb2.InferReply,
+                                  tokens_pb2.CallError, "Infer")
+
+    async def infer(self, request) -> inference_pb2.InferResponse:
         self.inflight += 1
         try:
             slot = await self.registry.ensure(request.checkpoint)

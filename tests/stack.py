@@ -59,18 +59,24 @@ class Stack:
             return json.loads(r.read())
 
     def wait_ready(self, timeout: float) -> None:
+        """Ready as `serve` announces it: once EVERY gateway worker serves (its "laya-grpc: ready"
+        line; a /health poll reaches one worker of several), and /health agrees."""
         deadline = time.monotonic() + timeout
         key = self.env.get("LAYA_API_KEY")
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("laya-grpc serve exited with %s:\n%s" % (self.proc.returncode, self.log()))
             try:
-                if self.health(key).get("ready") is True:
+                if "laya-grpc: ready" in self.full_log() and self.health(key).get("ready") is True:
                     return
             except OSError:
                 pass
             time.sleep(0.2)
         raise TimeoutError("not ready after %.0f s:\n%s" % (timeout, self.log()))
+
+    def full_log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
 
     def log(self) -> str:
         with open(self.log_path, "rb") as f:

@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc import flags, metrics, rpc
+from laya_grpc import flags, metrics, rpc, streams
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import install_stop_signals, setup_logging
 from laya_grpc.packed_rows import PackedRows
 from laya_grpc.questions import parse_questions
 from laya_grpc.sources import open_source, parse_checkpoint_specs
-from laya_proto.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from laya_proto.v1 import tokenizer_pb2, tokenizer_pb2_grpc, tokens_pb2
 
 from .encoding import EncodeJob, TextEncoder
 from .microbatch import MicroBatcher
@@ -66,6 +66,13 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
 
     @rpc.servicer_errors
     async def Tokenize(self, request, context):
+        return await self.tokenize(request)
+
+    async def TokenizeStream(self, request_iterator, context):
+        await streams.serve_calls(request_iterator, context, self.tokenize, tokenizer_pb2.TokenizeReply,
+                                  tokens_pb2.CallError, "Tokenize")
+
+    async def tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
         tok = self._get(request.checkpoint)
         try:
             states = [json.loads(s) for s in request.states_json]

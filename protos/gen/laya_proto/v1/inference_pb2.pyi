@@ -38,6 +38,24 @@ class InferResponse(_message.Message):
     batch_rows: int
     def __init__(self, logits: _Optional[bytes] = ..., probabilities: _Optional[bytes] = ..., act_logits: _Optional[bytes] = ..., n_act: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., queue_ms: _Optional[float] = ..., model_ms: _Optional[float] = ..., batch_rows: _Optional[int] = ...) -> None: ...
 
+class InferCall(_message.Message):
+    __slots__ = ("id", "request")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request: InferRequest
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[InferRequest, _Mapping]] = ...) -> None: ...
+
+class InferReply(_message.Message):
+    __slots__ = ("id", "response", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    response: InferResponse
+    error: _tokens_pb2.CallError
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[InferResponse, _Mapping]] = ..., error: _Optional[_Union[_tokens_pb2.CallError, _Mapping]] = ...) -> None: ...
+
 class ListCheckpointsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

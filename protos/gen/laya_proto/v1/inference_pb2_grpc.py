@@ -41,6 +41,11 @@ class InferenceServiceStub:
                 request_serializer=laya__proto_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
                 response_deserializer=laya__proto_dot_v1_dot_inference__pb2.InferResponse.FromString,
                 _registered_method=True)
+        self.InferStream = channel.stream_stream(
+                '/laya_proto.v1.InferenceService/InferStream',
+                request_serializer=laya__proto_dot_v1_dot_inference__pb2.InferCall.SerializeToString,
+                response_deserializer=laya__proto_dot_v1_dot_inference__pb2.InferReply.FromString,
+                _registered_method=True)
         self.ListCheckpoints = channel.unary_unary(
                 '/laya_proto.v1.InferenceService/ListCheckpoints',
                 request_serializer=laya__proto_dot_v1_dot_inference__pb2.ListCheckpointsRequest.SerializeToString,
@@ -69,6 +74,13 @@ class InferenceServiceServicer:
 
     def Infer(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InferStream(self, request_iterator, context):
+        """Infer calls multiplexed on one long-lived stream (the gateway keeps one), as TokenizeStream.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -106,6 +118,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.Infer,
                     request_deserializer=laya__proto_dot_v1_dot_inference__pb2.InferRequest.FromString,
                     response_serializer=laya__proto_dot_v1_dot_inference__pb2.InferResponse.SerializeToString,
+            ),
+            'InferStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.InferStream,
+                    request_deserializer=laya__proto_dot_v1_dot_inference__pb2.InferCall.FromString,
+                    response_serializer=laya__proto_dot_v1_dot_inference__pb2.InferReply.SerializeToString,
             ),
             'ListCheckpoints': grpc.unary_unary_rpc_method_handler(
                     servicer.ListCheckpoints,
@@ -156,6 +173,33 @@ class InferenceService:
             '/laya_proto.v1.InferenceService/Infer',
             laya__proto_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
             laya__proto_dot_v1_dot_inference__pb2.InferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InferStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/laya_proto.v1.InferenceService/InferStream',
+            laya__proto_dot_v1_dot_inference__pb2.InferCall.SerializeToString,
+            laya__proto_dot_v1_dot_inference__pb2.InferReply.FromString,
             options,
             channel_credentials,
             insecure,

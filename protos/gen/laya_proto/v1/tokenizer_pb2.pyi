@@ -75,3 +75,21 @@ class TokenizerInfo(_message.Message):
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[TokenizerInfo.Entry]
     def __init__(self, entries: _Optional[_Iterable[_Union[TokenizerInfo.Entry, _Mapping]]] = ...) -> None: ...
+
+class TokenizeCall(_message.Message):
+    __slots__ = ("id", "request")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request: TokenizeRequest
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[TokenizeRequest, _Mapping]] = ...) -> None: ...
+
+class TokenizeReply(_message.Message):
+    __slots__ = ("id", "response", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    response: TokenizeResponse
+    error: _tokens_pb2.CallError
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[TokenizeResponse, _Mapping]] = ..., error: _Optional[_Union[_tokens_pb2.CallError, _Mapping]] = ...) -> None: ...

@@ -41,6 +41,11 @@ class TokenizerServiceStub:
                 request_serializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.TokenizeStream = channel.stream_stream(
+                '/laya_proto.v1.TokenizerService/TokenizeStream',
+                request_serializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeCall.SerializeToString,
+                response_deserializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeReply.FromString,
+                _registered_method=True)
         self.GetTokenizerInfo = channel.unary_unary(
                 '/laya_proto.v1.TokenizerService/GetTokenizerInfo',
                 request_serializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizerInfoRequest.SerializeToString,
@@ -59,6 +64,15 @@ class TokenizerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TokenizeStream(self, request_iterator, context):
+        """Tokenize calls multiplexed on one long-lived stream (the gateway keeps one per tokenizer
+        process): no per-call setup, which measured ~0.25 ms of a ~0.45 ms unary round trip. Replies
+        arrive in completion order, matched to calls by id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetTokenizerInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -72,6 +86,11 @@ def add_TokenizerServiceServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeRequest.FromString,
                     response_serializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'TokenizeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.TokenizeStream,
+                    request_deserializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeCall.FromString,
+                    response_serializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeReply.SerializeToString,
             ),
             'GetTokenizerInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTokenizerInfo,
@@ -108,6 +127,33 @@ class TokenizerService:
             '/laya_proto.v1.TokenizerService/Tokenize',
             laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeRequest.SerializeToString,
             laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TokenizeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/laya_proto.v1.TokenizerService/TokenizeStream',
+            laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeCall.SerializeToString,
+            laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,3 +23,11 @@ class TokenRows(_message.Message):
     option_ids: bytes
     tokenizer_fingerprint: str
     def __init__(self, ids: _Optional[bytes] = ..., row_offsets: _Optional[bytes] = ..., markers: _Optional[bytes] = ..., marker_offsets: _Optional[bytes] = ..., qtypes: _Optional[bytes] = ..., position_ids: _Optional[bytes] = ..., option_ids: _Optional[bytes] = ..., tokenizer_fingerprint: _Optional[str] = ...) -> None: ...
+
+class CallError(_message.Message):
+    __slots__ = ("kind", "detail")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    detail: str
+    def __init__(self, kind: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,237 @@
+"""The fused residual add + LayerNorm kernel (cuda_kernels.add_layer_norm / layer_norm) on CPU, through
+Triton's interpreter (TRITON_INTERPRET=1), the same kernel code the H200 runs.
+
+The kernel against torch's eager `x + o` and F.layer_norm (fp32, fp16; bf16 loosely, see there), the
+in-place update of x, rows of one and several per program, widths off a power of two; `encode_fused`
+with add_norm "triton" against add_norm "addmm" (the earlier path) and the eager `encode`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+# before triton is imported: triton.language's own jit functions (tl.sum, used here) become
+# interpretable only if the flag is set when triton.language is first imported
+_TRITON_ALREADY_IMPORTED = "triton" in sys.modules
+os.environ["TRITON_INTERPRET"] = "1"
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+if not isinstance(tl.sum, InterpretedFunction):
+    raise RuntimeError(
+        "triton was imported before TRITON_INTERPRET=1 was set (imported already: %s), so triton.language's "
+        "jit functions cannot run in the CPU interpreter: set TRITON_INTERPRET=1 in the environment, or "
+        "collect this file before any other that imports triton" % _TRITON_ALREADY_IMPORTED)
+
+import torch.nn.functional as F  # noqa: E402
+
+from inference_svc import cuda_kernels as ck  # noqa: E402
+from inference_svc.torch_model import LayaTorch  # noqa: E402
+from laya_grpc.errors import LayaError  # noqa: E402
+from test_fused_encoder import _batch  # noqa: E402  (tests/ is on sys.path under pytest)
+
+EPS = 1e-5
+
+
+def _ulp(ref: torch.Tensor) -> torch.Tensor:
+    """The spacing of ref's dtype at each element's magnitude (subnormals included), as fp32."""
+    fi = torch.finfo(ref.dtype)
+    mant = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}[ref.dtype]
+    e = torch.floor(torch.log2(ref.float().abs().clamp_min(fi.tiny)))
+    return torch.exp2(e - mant)
+
+
+def _inputs(n, d, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(n, d, generator=g) * 4 + 3).to(dtype)        # an offset mean: the centring matters
+    o = (torch.randn(n, d, generator=g) * 2).to(dtype)
+    w = (1 + 0.3 * torch.randn(d, generator=g)).to(dtype)
+    return x, o, w
+
+
+SHAPES = [(1, 96), (5, 96), (33, 200), (1, 1024), (17, 1024), (40, 64)]   # one row, several rows a program, d off 2^k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n,d", SHAPES)
+def test_add_layer_norm_equals_eager(n, d, dtype):
+    """h = x + o bit-equal to torch's eager add in the dtype, written into x in place; y = LayerNorm(h).
+
+    y tolerance: fp32 atol = rtol = 1e-5 (both sides compute in fp32 but reduce in different orders,
+    and rsqrt vs 1/sqrt: measured <= 1e-6 on values of magnitude ~3). fp16: at most 1 fp16 ulp per
+    element and <= 1% of elements off at all: the kernel's fp32 value before the one rounding to fp16
+    differs from F.layer_norm's by a few fp32 ulps, which changes the fp16 result only when it sits at
+    a rounding midpoint (measured: 0 to 3 elements in 65536)."""
+    x, o, w = _inputs(n, d, dtype, seed=n * d)
+    x0, o0 = x.clone(), o.clone()
+    h = x0 + o0                                                   # the eager add, rounded to dtype
+    ref = F.layer_norm(h.float(), (d,), w.float(), None, EPS).to(dtype)
+    ptr = x.data_ptr()
+    xx, y = ck.add_layer_norm(x, o, w, EPS)
+    assert xx is x and x.data_ptr() == ptr                        # in place
+    assert torch.equal(x, h)                                      # bit-equal to the eager add
+    assert torch.equal(o, o0)                                     # the branch output is only read
+    assert y.dtype == dtype and y.shape == (n, d) and y.data_ptr() != x.data_ptr()
+    if dtype == torch.float32:
+        torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    else:
+        err = (y.float() - ref.float()).abs()
+        assert bool((err <= _ulp(ref)).all()), float((err / _ulp(ref)).max())
+        assert float((y != ref).float().mean()) <= 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n,d", [(1, 96), (33, 200), (17, 1024)])
+def test_layer_norm_without_residual(n, d, dtype):
+    """The no-`o` variant (the embedding norm): x untouched, y = F.layer_norm(x), tolerances as above."""
+    x, _, w = _inputs(n, d, dtype, seed=7 * n + d)
+    x0 = x.clone()
+    y = ck.layer_norm(x, w, EPS)
+    assert torch.equal(x, x0)
+    ref = F.layer_norm(x0.float(), (d,), w.float(), None, EPS).to(dtype)
+    if dtype == torch.float32:
+        torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    else:
+        assert bool(((y.float() - ref.float()).abs() <= _ulp(ref)).all())
+
+
+@pytest.mark.parametrize("n,d", [(1, 96), (17, 1024)])
+def test_add_layer_norm_bf16_runs(n, d):
+    """bf16 runs and is right to its rounding, loosely: Triton's interpreter casts fp32 -> bf16 by
+    truncation (interpreter.py cast_impl passes no rounding mode), where the GPU rounds to nearest
+    even as torch does. So here h within 1 bf16 ulp of the eager add, and y within 1 bf16 ulp of
+    F.layer_norm of the kernel's own h (the truncated h moves y by up to ~rstd * 1 ulp(h), far more
+    than 1 ulp of a small y); the bit-equality on the GPU is benchmarks/cuda_check.py's."""
+    x, o, w = _inputs(n, d, torch.bfloat16, seed=n + d)
+    h = x + o
+    _, y = ck.add_layer_norm(x, o, w, EPS)
+    assert bool(((x.float() - h.float()).abs() <= _ulp(h)).all())
+    ref = F.layer_norm(x.float(), (d,), w.float(), None, EPS).to(torch.bfloat16)
+    assert bool(((y.float() - ref.float()).abs() <= _ulp(ref)).all())
+
+
+def test_add_layer_norm_rejects_bad_shapes():
+    x, o, w = _inputs(4, 96, torch.float32, seed=0)
+    with pytest.raises(ValueError):
+        ck.add_layer_norm(x, o[:, :64].contiguous(), w, EPS)
+    with pytest.raises(ValueError):
+        ck.add_layer_norm(x, o.half(), w, EPS)
+    with pytest.raises(ValueError):
+        ck.add_layer_norm(x.t(), o.t(), w, EPS)                   # not contiguous
+    with pytest.raises(ValueError):
+        ck.add_layer_norm(x, o, w[:64], EPS)
+
+
+def test_token_count_is_not_specialised():
+    """n_rows changes with every CUDA-graph bucket: one compiled variant serves them all."""
+    _, kernel = ck._norm_kernel()
+    names = getattr(kernel, "do_not_specialize", None)
+    if names is None:                                             # the interpreter keeps the jit kwargs
+        names = kernel.kwargs.get("do_not_specialize")
+    assert set(names) == {"n_rows"} and set(names) <= set(kernel.arg_names)
+
+
+def _count_layer_norms(model):
+    """Calls of the encoder's nn.LayerNorm modules, by forward hooks."""
+    calls = []
+    for m in model.encoder.modules():
+        if isinstance(m, torch.nn.LayerNorm):
+            m.register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def _spy(monkeypatch, name):
+    calls = []
+    real = getattr(ck, name)
+
+    def wrapper(*a, **kw):
+        calls.append(name)
+        return real(*a, **kw)
+    monkeypatch.setattr(ck, name, wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-par"])
+def test_encode_fused_add_norm_triton_vs_addmm_vs_encode(preset, tiny_ckpt, tiny_par_ckpt, monkeypatch):
+    """Hidden states of the real positions, fp32 on CPU: add_norm "triton" against "addmm" and the
+    eager `encode`, atol = rtol = 2e-5 (fp32 rounding only: a different reduction order in the
+    norms, addmm's single rounding; measured <= 2.6e-6 on outputs of std ~1). The triton path calls
+    no nn.LayerNorm, 2 add_layer_norm a layer and 1 layer_norm (the embedding norm)."""
+    path = {"tiny": tiny_ckpt, "tiny-par": tiny_par_ckpt}[preset]
+    b = _batch(path)
+    args = (b["input_ids"], b["attention_mask"], b.get("position_ids"), b.get("option_ids"))
+    model = LayaTorch.from_checkpoint(path)
+    n_layers = model.spec.num_layers
+    norms = _count_layer_norms(model)
+    with torch.inference_mode():
+        ref = model.encode(*args)
+        norms.clear()
+        model.use_fused_kernels(add_norm="addmm")
+        old = model.encode_fused(*args)
+        assert len(norms) == 2 * n_layers + 1    # embeddings, attn_norm of layers 1.., every mlp_norm, final
+        norms.clear()
+        model.use_fused_kernels()
+        assert model.add_norm == "triton"
+        add_calls, ln_calls = _spy(monkeypatch, "add_layer_norm"), _spy(monkeypatch, "layer_norm")
+        new = model.encode_fused(*args)
+    assert (len(norms), len(add_calls), len(ln_calls)) == (0, 2 * n_layers, 1)
+    m = b["attention_mask"].bool()
+    assert torch.isfinite(new).all()
+    torch.testing.assert_close(new[m], ref[m], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(new[m], old[m], atol=2e-5, rtol=2e-5)
+    assert float(ref[m].std()) > 0.5                             # a real spread, not a degenerate output
+
+
+def test_encode_fused_identity_norm_inside(tiny_ckpt):
+    """A layer past the first without attn_norm (not ModernBERT's layout, but `encode` allows it): the
+    add after the previous layer is a plain in-place add, and the results still equal `encode`."""
+    b = _batch(tiny_ckpt)
+    args = (b["input_ids"], b["attention_mask"])
+    model = LayaTorch.from_checkpoint(tiny_ckpt)
+    model.encoder.layers[2].attn_norm = None
+    with torch.inference_mode():
+        ref = model.encode(*args)
+        model.use_fused_kernels()
+        new = model.encode_fused(*args)
+    m = b["attention_mask"].bool()
+    torch.testing.assert_close(new[m], ref[m], atol=2e-5, rtol=2e-5)
+
+
+def test_encode_fused_fp16_rounds_as_encode(tiny_ckpt):
+    """fp16 on CPU, attention through rope_qk + SDPA on both fused paths: add_norm "triton" rounds the
+    GEMM output and then the add, as `encode` does, so it tracks `encode` much more closely than
+    addmm's single rounding (the two longest rows, 98 and 120 tokens: measured mean |diff| 1.0e-4
+    against 8.9e-4, max 0.0039 against 0.0078, 79% of elements bit-equal against 19%). Asserted with
+    margin: at most half addmm's mean error, max error no larger."""
+    b = {k: v[2:] for k, v in _batch(tiny_ckpt).items()}        # two rows: rope_qk is slow interpreted
+    assert int(b["attention_mask"].sum(1).min()) > 64              # long rows, past the sliding window
+    args = (b["input_ids"], b["attention_mask"])
+    model = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float16)
+    with torch.inference_mode():
+        ref = model.encode(*args).float()
+        model.use_fused_kernels(attn_impl="sdpa", add_norm="addmm")
+        old = model.encode_fused(*args).float()
+        model.use_fused_kernels(attn_impl="sdpa")
+        new = model.encode_fused(*args).float()
+    m = b["attention_mask"].bool()
+    e_new, e_old = (new - ref)[m].abs(), (old - ref)[m].abs()
+    assert torch.isfinite(new).all()
+    assert float(e_new.mean()) <= 0.5 * float(e_old.mean()), (float(e_new.mean()), float(e_old.mean()))
+    assert float(e_new.max()) <= float(e_old.max())
+
+
+def test_add_norm_is_checked(tiny_ckpt):
+    model = LayaTorch.from_checkpoint(tiny_ckpt)
+    with pytest.raises(LayaError, match="add_norm must be one of"):
+        model.use_fused_kernels(add_norm="fused")
+    assert model.add_norm == "triton" and model.kernels == "reference"
+    model.add_norm = "bogus"                                      # set behind use_fused_kernels' back
+    model.kernels = "fused"
+    b = _batch(tiny_ckpt)
+    with pytest.raises(LayaError, match="add_norm must be one of"):
+        model.encode_fused(b["input_ids"], b["attention_mask"])
