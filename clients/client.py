@@ -12,6 +12,7 @@ from typing import Any, AsyncIterator, Iterator, Optional
 import grpc
 
 from laya_grpc import rpc
+from laya_grpc.streams import StreamMux
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
 
 
@@ -82,13 +83,20 @@ class LayaClient:
 
 
 class AsyncLayaClient:
-    """asyncio client with the same methods as `LayaClient`, awaitable."""
+    """asyncio client with the same methods as `LayaClient`, awaitable.
 
-    def __init__(self, address: str = "127.0.0.1:50051", api_key: Optional[str] = None, timeout: float = 60.0):
+    `decide` calls ride one `DecideStream` per client (`stream=True`, the default): no unary call
+    setup per decision on either side, same answers and errors as `Decide` (docs/protocol.md).
+    `stream=False` makes one unary `Decide` call each."""
+
+    def __init__(self, address: str = "127.0.0.1:50051", api_key: Optional[str] = None, timeout: float = 60.0,
+                 stream: bool = True):
         self._channel = rpc.channel(address)
         self._decisions = decision_pb2_grpc.DecisionServiceStub(self._channel)
         self._status = decision_pb2_grpc.StatusServiceStub(self._channel)
         self._md, self.timeout = _metadata(api_key), timeout
+        self._mux = StreamMux(lambda: self._decisions.DecideStream(metadata=self._md), decision_pb2.DecideCall,
+                              "gateway") if stream else None
 
     async def __aenter__(self) -> "AsyncLayaClient":
         return self
@@ -97,9 +105,14 @@ class AsyncLayaClient:
         await self.close()
 
     async def close(self) -> None:
+        if self._mux is not None:
+            await self._mux.close()
         await self._channel.close()
 
     async def decide(self, state: Any, questions: dict, **controls) -> dict:
+        if self._mux is not None:
+            resp = await self._mux.call(build_decide(state, questions, **controls), self.timeout)
+            return json.loads(resp.json)
         try:
             resp = await self._decisions.Decide(build_decide(state, questions, **controls), timeout=self.timeout,
                                                 metadata=self._md)

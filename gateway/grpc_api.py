@@ -11,10 +11,10 @@ import json
 import time
 from typing import Any, Optional
 
-from laya_grpc import metrics, rpc
+from laya_grpc import metrics, rpc, streams
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import ChangeFeed, clamp_heartbeat
-from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
+from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
 
 from .admission import MAX_BODY_BYTES, TOO_LARGE_DETAIL
 from .contract import parse_batch_body, parse_decide_body
@@ -187,6 +187,18 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         with metrics.measured("grpc", "decide"):
             return await self._decide(request, context)
 
+    async def DecideStream(self, request_iterator, context):
+        try:
+            self._auth(context)
+        except LayaError as e:
+            await rpc.abort(context, e)
+        await streams.serve_calls(request_iterator, context, self._decide_call, decision_pb2.DecideReply,
+                                  tokens_pb2.CallError, "Decide")
+
+    async def _decide_call(self, request):
+        with metrics.measured("grpc", "decide"):
+            return await self._decide_request(request)
+
     @rpc.servicer_errors
     async def DecideBatch(self, request, context):
         with metrics.measured("grpc", "batch"):
@@ -194,6 +206,9 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     async def _decide(self, request, context):
         self._auth(context)
+        return await self._decide_request(request)
+
+    async def _decide_request(self, request):
         req = parse_decide_body(_capped(decide_body(request)), self.decider.route_table, self.max_token_budget)
         t0 = time.perf_counter()
         result = await self.decider.decide(req)

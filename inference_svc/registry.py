@@ -7,6 +7,7 @@ on every status read, never from what was requested.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -48,6 +49,8 @@ class Slot:
     warmup_ms: float = 0.0
     last_used: float = 0.0
     task: Optional[asyncio.Task] = None
+    pins: int = 0                     # requests between ensure and their answer: never evicted meanwhile
+    draining: bool = False            # chosen for eviction: new requests wait, the ones in flight finish
 
 
 @dataclass
@@ -94,6 +97,21 @@ class Registry:
             raise LayaError(Kind.CHECKPOINT, "checkpoint %r failed to load: %s" % (name, s.detail))
         return s
 
+    @contextlib.asynccontextmanager
+    async def pinned(self, name: str):
+        """The checkpoint, loaded and warm, and kept resident until the block ends: a concurrent
+        load of another checkpoint (--max-loaded) must not evict it between the batcher taking its
+        rows and the answer being built."""
+        s = await self.ensure(name)
+        while s.draining:   # being evicted for another checkpoint: let that happen, then load it again
+            await asyncio.sleep(0.005)
+            s = await self.ensure(name)
+        s.pins += 1
+        try:
+            yield s
+        finally:
+            s.pins -= 1
+
     async def _load(self, s: Slot) -> None:
         await self._evict_for(s.name)
         preparing = self.started
@@ -137,7 +155,20 @@ class Registry:
     async def _evict_for(self, name: str) -> None:
         resident = [x for x in self.slots.values() if x.runner is not None and x.name != name]
         while len(resident) >= self.max_loaded:
-            victim = min(resident, key=lambda x: x.last_used)
+            # the least recently used idle one; if every one is answering requests, the least recently
+            # used drains first (its requests in flight finish, new ones wait for its reload): a
+            # checkpoint under constant load cannot keep another one from ever loading
+            idle = [x for x in resident if x.pins == 0]
+            victim = min(idle or resident, key=lambda x: x.last_used)
+            victim.draining = True
+            try:
+                while victim.pins:
+                    await asyncio.sleep(0.005)
+            finally:
+                victim.draining = False
+            if victim.runner is None:   # a concurrent load evicted it meanwhile
+                resident = [x for x in self.slots.values() if x.runner is not None and x.name != name]
+                continue
             resident.remove(victim)
             runner, victim.runner = victim.runner, None
             self._set(victim, S.CONFIGURED, "evicted (least recently used; --max-loaded %d)" % self.max_loaded)

@@ -58,28 +58,30 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     async def infer(self, request) -> inference_pb2.InferResponse:
         self.inflight += 1
         try:
-            slot = await self.registry.ensure(request.checkpoint)
-            rows = PackedRows.from_proto(request.rows, vocab_size=slot.runner.vocab_size,
-                                         max_len=slot.runner.max_positions)
-            if rows.fingerprint and rows.fingerprint != slot.fingerprint:
-                raise LayaError(Kind.INVALID, "token rows were made by another tokenizer (fingerprint %s..., checkpoint "
-                                "%r has %s...)" % (rows.fingerprint[:12], slot.name, slot.fingerprint[:12]))
-            if rows.n == 0:
-                device, dtype = self._facts(slot.runner)
-                return inference_pb2.InferResponse(n_act=slot.runner.n_act, device=device, dtype=dtype)
-            res = await self.batcher.submit(slot.name, rows)
-            metrics.QUEUE_SECONDS.observe(res.queue_ms / 1e3)
-            device, dtype = self._facts(slot.runner)
-            probs = [softmax_f32(lg / np.float32(slot.temps.for_question(q, len(lg))))
-                     for lg, q in zip(res.logits, rows.qtypes.tolist())]
-            return inference_pb2.InferResponse(
-                logits=np.concatenate(res.logits).astype("<f4").tobytes(),
-                probabilities=np.concatenate(probs).astype("<f4").tobytes(),
-                act_logits=res.act_logits.astype("<f4").tobytes(), n_act=int(res.act_logits.shape[1]),
-                device=device, dtype=dtype, queue_ms=res.queue_ms,
-                model_ms=res.model_ms, batch_rows=res.batch_rows)
+            async with self.registry.pinned(request.checkpoint) as slot:
+                return await self._infer(slot, request)
         finally:
             self.inflight -= 1
+
+    async def _infer(self, slot, request) -> inference_pb2.InferResponse:
+        runner = slot.runner
+        rows = PackedRows.from_proto(request.rows, vocab_size=runner.vocab_size, max_len=runner.max_positions)
+        if rows.fingerprint and rows.fingerprint != slot.fingerprint:
+            raise LayaError(Kind.INVALID, "token rows were made by another tokenizer (fingerprint %s..., checkpoint "
+                            "%r has %s...)" % (rows.fingerprint[:12], slot.name, slot.fingerprint[:12]))
+        device, dtype = self._facts(runner)
+        if rows.n == 0:
+            return inference_pb2.InferResponse(n_act=runner.n_act, device=device, dtype=dtype)
+        res = await self.batcher.submit(slot.name, rows)
+        metrics.QUEUE_SECONDS.observe(res.queue_ms / 1e3)
+        probs = [softmax_f32(lg / np.float32(slot.temps.for_question(q, len(lg))))
+                 for lg, q in zip(res.logits, rows.qtypes.tolist())]
+        return inference_pb2.InferResponse(
+            logits=np.concatenate(res.logits).astype("<f4").tobytes(),
+            probabilities=np.concatenate(probs).astype("<f4").tobytes(),
+            act_logits=res.act_logits.astype("<f4").tobytes(), n_act=int(res.act_logits.shape[1]),
+            device=device, dtype=dtype, queue_ms=res.queue_ms,
+            model_ms=res.model_ms, batch_rows=res.batch_rows)
 
     @rpc.servicer_errors
     async def ListCheckpoints(self, request, context):

@@ -111,3 +111,59 @@ def test_typed_request_fields_equal_request_json(stack):
     assert a.json == b.json
     assert [x.id for x in a.answers] == ["c", "n"] and a.answers[0].choice_json in ("1", "2.5", '"x"')
     assert a.answers[0].abstention in ("passed", "abstained")
+
+
+def test_decide_stream_answers_and_fails_exactly_as_decide(stack):
+    """Every /v1/systemone probe, all at once on one DecideStream (AsyncLayaClient's path): each
+    call's answer equals unary Decide's, each error has Decide's kind and detail, and the stream
+    keeps serving after errors."""
+    import asyncio
+    from laya_grpc.errors import LayaError
+    from laya_grpc.streams import StreamMux
+    md = (("authorization", "Bearer " + stack.key),) if stack.key else None
+    stub = decision_pb2_grpc.DecisionServiceStub(stack.channel)
+    probes = [t for t in (_utf8(_encode(b)) for b in list(HAPPY.values()) + list(ERRORS.values())) if t]
+    want = []
+    for text in probes:
+        try:
+            want.append(("ok", json.loads(stub.Decide(decision_pb2.DecideRequest(request_json=text), metadata=md,
+                                                      timeout=60).json)))
+        except grpc.RpcError as e:
+            want.append(("error", dict(e.trailing_metadata())[KIND_METADATA_KEY], e.details()))
+    assert any(w[0] == "ok" for w in want) and any(w[0] == "error" for w in want)
+
+    async def main():
+        ch = grpc.aio.insecure_channel(stack.grpc)
+        aio = decision_pb2_grpc.DecisionServiceStub(ch)
+        mux = StreamMux(lambda: aio.DecideStream(metadata=md), decision_pb2.DecideCall, "gateway")
+
+        async def one(text):
+            try:
+                return ("ok", json.loads((await mux.call(decision_pb2.DecideRequest(request_json=text), 60)).json))
+            except LayaError as e:
+                return ("error", e.kind.name, e.detail)
+        try:
+            return await asyncio.gather(*[one(t) for t in probes])
+        finally:
+            await mux.close()
+            await ch.close()
+    got = asyncio.run(main())
+    for text, g, w in zip(probes, got, want):
+        assert g == w, text[:200]
+
+
+def test_decide_stream_auth(stack):
+    if not stack.key:
+        pytest.skip("auth off")
+    import asyncio
+    from clients import AsyncLayaClient
+    from laya_grpc.errors import LayaError
+
+    async def main(key):
+        async with AsyncLayaClient(stack.grpc, api_key=key) as c:
+            return await c.decide("x", {"u": {"type": "noul", "instructions": "urgent?"}}, model="english")
+    for key in (None, "wrong"):
+        with pytest.raises(LayaError) as e:
+            asyncio.run(main(key))
+        assert e.value.kind == Kind.UNAUTHENTICATED and e.value.detail == "invalid or missing bearer token"
+    assert asyncio.run(main(KEY))["answers"]["u"]["type"] == "noul"

@@ -187,3 +187,34 @@ def test_gateway_on_unary_calls_answers_as_on_streams(stack, tiny_ckpt):
         assert "internal-calls unary" not in other.log()
     for k in ("decisions", "usage"):
         assert unary.get(k) == streamed.get(k), k
+
+
+def test_loads_under_max_loaded_never_evict_a_checkpoint_in_use(tiny_ckpt, tiny_ml_ckpt):
+    """--max-loaded 1, two checkpoints, concurrent Infer calls alternating between them: each load
+    must wait for the other checkpoint's calls in flight instead of evicting it under them (it used
+    to fail them with 'not loaded' or an INTERNAL TypeError)."""
+    with Stack({"english": tiny_ckpt, "multilingual": tiny_ml_ckpt},
+               extra_args=["--tokenizer-workers", "1", "--gateway-workers", "1", "--max-loaded", "1",
+                           "--preload", "english"]) as s:
+        async def main():
+            tch = grpc.aio.insecure_channel(_sock(s, "tokenizer-0.sock"))
+            ich = grpc.aio.insecure_channel(_sock(s, "inference.sock"))
+            tok = tokenizer_pb2_grpc.TokenizerServiceStub(tch)
+            imux = StreamMux(inference_pb2_grpc.InferenceServiceStub(ich).InferStream, inference_pb2.InferCall,
+                             "inference service")
+            try:
+                reqs = []
+                for name in ("english", "multilingual"):
+                    rows = (await tok.Tokenize(_tok_req(STATES[0], checkpoint=name))).rows
+                    reqs.append(inference_pb2.InferRequest(checkpoint=name, rows=rows))
+                for _ in range(3):
+                    got = await asyncio.gather(*[imux.call(reqs[i % 2], 60) for i in range(24)],
+                                               return_exceptions=True)
+                    bad = [g for g in got if isinstance(g, BaseException)]
+                    assert not bad, bad[:3]
+            finally:
+                await imux.close()
+                await tch.close()
+                await ich.close()
+        _run(main())
+        assert "evicted checkpoint" in s.full_log()

@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from laya_proto.v1 import status_pb2 as laya__proto_dot_v1_dot_status__pb2
+from laya_proto.v1 import tokens_pb2 as laya__proto_dot_v1_dot_tokens__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1claya_proto/v1/decision.proto\x12\rlaya_proto.v1\x1a\x1alaya_proto/v1/status.proto\"\xe6\x01\n\x08Question\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x14\n\x0cinstructions\x18\x03 \x01(\t\x12\x19\n\x11instructions_json\x18\x04 \x01(\t\x12\x15\n\rcriteria_json\x18\x05 \x01(\t\x12\x33\n\x06labels\x18\x06 \x03(\x0b\x32#.laya_proto.v1.Question.LabelsEntry\x12\x14\n\x0coption_order\x18\x07 \x03(\x05\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xaa\x02\n\rDecideRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x14\n\nstate_json\x18\x02 \x01(\tH\x00\x12*\n\tquestions\x18\x03 \x03(\x0b\x32\x17.laya_proto.v1.Question\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0c\n\x04task\x18\x05 \x01(\t\x12\x0c\n\x04lang\x18\x06 \x01(\t\x12\x12\n\nlang_guess\x18\x07 \x01(\t\x12\x14\n\x07max_len\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x0chead_max_len\x18\t \x01(\rH\x02\x88\x01\x01\x12\x1b\n\x13min_confidence_json\x18\n \x01(\t\x12\x14\n\x0crequest_json\x18\x0b \x01(\tB\x07\n\x05stateB\n\n\x08_max_lenB\x0f\n\r_head_max_len\"\x9d\x03\n\x06\x41nswer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x13\n\x0b\x63hoice_json\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\x12\x0c\n\x04noul\x18\x05 \x01(\x01\x12\x31\n\rprobabilities\x18\x06 \x03(\x0b\x32\x1a.laya_proto.v1.Answer.Prob\x12\x31\n\x06legend\x18\x07 \x03(\x0b\x32!.laya_proto.v1.Answer.LegendEntry\x12\x12\n\nconfidence\x18\x08 \x01(\x01\x12\x19\n\x11\x61nswer_confidence\x18\t \x01(\x01\x12\x17\n\x0f\x61\x63t_probability\x18\n \x01(\x01\x12\x12\n\nabstention\x18\x0b \x01(\t\x12\x1c\n\x14\x61\x62stention_threshold\x18\x0c \x01(\x01\x12\x16\n\x0elow_confidence\x18\r \x01(\x08\x1a \n\x04Prob\x12\r\n\x05label\x18\x01 \x01(\t\x12\t\n\x01p\x18\x02 \x01(\x01\x1a-\n\x0bLegendEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x98\x01\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\x12\x14\n\x0cstate_tokens\x18\x03 \x01(\r\x12\x1c\n\x14state_tokens_dropped\x18\x04 \x01(\r\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x1b\n\x13truncated_questions\x18\x06 \x03(\t\"`\n\x07Routing\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04repo\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x16\n\x0e\x64\x65tection_json\x18\x04 \x01(\t\x12\x10\n\x08workflow\x18\x05 \x01(\t\"\xaa\x01\n\x0e\x44\x65\x63ideResponse\x12&\n\x07\x61nswers\x18\x01 \x03(\x0b\x32\x15.laya_proto.v1.Answer\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.laya_proto.v1.Usage\x12\'\n\x07routing\x18\x03 \x01(\x0b\x32\x16.laya_proto.v1.Routing\x12\x0c\n\x04json\x18\x04 \x01(\t\x12\x14\n\x0cinference_ms\x18\x05 \x01(\x01\"\x95\x02\n\x12\x44\x65\x63ideBatchRequest\x12\x13\n\x0bstates_json\x18\x01 \x03(\t\x12*\n\tquestions\x18\x02 \x03(\x0b\x32\x17.laya_proto.v1.Question\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0c\n\x04task\x18\x04 \x01(\t\x12\x0c\n\x04lang\x18\x05 \x01(\t\x12\x12\n\nlang_guess\x18\x06 \x01(\t\x12\x14\n\x07max_len\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0chead_max_len\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x1b\n\x13min_confidence_json\x18\t \x01(\t\x12\x14\n\x0crequest_json\x18\n \x01(\tB\n\n\x08_max_lenB\x0f\n\r_head_max_len\"i\n\x13\x44\x65\x63ideBatchResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.laya_proto.v1.DecideResponse\x12\x0c\n\x04json\x18\x02 \x01(\t\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\"\x81\x01\n\x0bStatusEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x11\n\ttime_unix\x18\x02 \x01(\x01\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12.\n\x08services\x18\x05 \x03(\x0b\x32\x1c.laya_proto.v1.ServiceStatus2\xae\x01\n\x0f\x44\x65\x63isionService\x12\x45\n\x06\x44\x65\x63ide\x12\x1c.laya_proto.v1.DecideRequest\x1a\x1d.laya_proto.v1.DecideResponse\x12T\n\x0b\x44\x65\x63ideBatch\x12!.laya_proto.v1.DecideBatchRequest\x1a\".laya_proto.v1.DecideBatchResponse2\xa0\x01\n\rStatusService\x12J\n\tGetStatus\x12\x1c.laya_proto.v1.StatusRequest\x1a\x1a.laya_proto.v1.StatusEvent\"\x03\x90\x02\x01\x12\x43\n\x05Watch\x12\x1c.laya_proto.v1.StatusRequest\x1a\x1a.laya_proto.v1.StatusEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1claya_proto/v1/decision.proto\x12\rlaya_proto.v1\x1a\x1alaya_proto/v1/status.proto\x1a\x1alaya_proto/v1/tokens.proto\"\xe6\x01\n\x08Question\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x14\n\x0cinstructions\x18\x03 \x01(\t\x12\x19\n\x11instructions_json\x18\x04 \x01(\t\x12\x15\n\rcriteria_json\x18\x05 \x01(\t\x12\x33\n\x06labels\x18\x06 \x03(\x0b\x32#.laya_proto.v1.Question.LabelsEntry\x12\x14\n\x0coption_order\x18\x07 \x03(\x05\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xaa\x02\n\rDecideRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x14\n\nstate_json\x18\x02 \x01(\tH\x00\x12*\n\tquestions\x18\x03 \x03(\x0b\x32\x17.laya_proto.v1.Question\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0c\n\x04task\x18\x05 \x01(\t\x12\x0c\n\x04lang\x18\x06 \x01(\t\x12\x12\n\nlang_guess\x18\x07 \x01(\t\x12\x14\n\x07max_len\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x0chead_max_len\x18\t \x01(\rH\x02\x88\x01\x01\x12\x1b\n\x13min_confidence_json\x18\n \x01(\t\x12\x14\n\x0crequest_json\x18\x0b \x01(\tB\x07\n\x05stateB\n\n\x08_max_lenB\x0f\n\r_head_max_len\"\x9d\x03\n\x06\x41nswer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x13\n\x0b\x63hoice_json\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\x12\x0c\n\x04noul\x18\x05 \x01(\x01\x12\x31\n\rprobabilities\x18\x06 \x03(\x0b\x32\x1a.laya_proto.v1.Answer.Prob\x12\x31\n\x06legend\x18\x07 \x03(\x0b\x32!.laya_proto.v1.Answer.LegendEntry\x12\x12\n\nconfidence\x18\x08 \x01(\x01\x12\x19\n\x11\x61nswer_confidence\x18\t \x01(\x01\x12\x17\n\x0f\x61\x63t_probability\x18\n \x01(\x01\x12\x12\n\nabstention\x18\x0b \x01(\t\x12\x1c\n\x14\x61\x62stention_threshold\x18\x0c \x01(\x01\x12\x16\n\x0elow_confidence\x18\r \x01(\x08\x1a \n\x04Prob\x12\r\n\x05label\x18\x01 \x01(\t\x12\t\n\x01p\x18\x02 \x01(\x01\x1a-\n\x0bLegendEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x98\x01\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\x12\x14\n\x0cstate_tokens\x18\x03 \x01(\r\x12\x1c\n\x14state_tokens_dropped\x18\x04 \x01(\r\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x1b\n\x13truncated_questions\x18\x06 \x03(\t\"`\n\x07Routing\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04repo\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x16\n\x0e\x64\x65tection_json\x18\x04 \x01(\t\x12\x10\n\x08workflow\x18\x05 \x01(\t\"\xaa\x01\n\x0e\x44\x65\x63ideResponse\x12&\n\x07\x61nswers\x18\x01 \x03(\x0b\x32\x15.laya_proto.v1.Answer\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.laya_proto.v1.Usage\x12\'\n\x07routing\x18\x03 \x01(\x0b\x32\x16.laya_proto.v1.Routing\x12\x0c\n\x04json\x18\x04 \x01(\t\x12\x14\n\x0cinference_ms\x18\x05 \x01(\x01\"\x95\x02\n\x12\x44\x65\x63ideBatchRequest\x12\x13\n\x0bstates_json\x18\x01 \x03(\t\x12*\n\tquestions\x18\x02 \x03(\x0b\x32\x17.laya_proto.v1.Question\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0c\n\x04task\x18\x04 \x01(\t\x12\x0c\n\x04lang\x18\x05 \x01(\t\x12\x12\n\nlang_guess\x18\x06 \x01(\t\x12\x14\n\x07max_len\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0chead_max_len\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x1b\n\x13min_confidence_json\x18\t \x01(\t\x12\x14\n\x0crequest_json\x18\n \x01(\tB\n\n\x08_max_lenB\x0f\n\r_head_max_len\"i\n\x13\x44\x65\x63ideBatchResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.laya_proto.v1.DecideResponse\x12\x0c\n\x04json\x18\x02 \x01(\t\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\"\x81\x01\n\x0bStatusEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x11\n\ttime_unix\x18\x02 \x01(\x01\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12.\n\x08services\x18\x05 \x03(\x0b\x32\x1c.laya_proto.v1.ServiceStatus\"G\n\nDecideCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12-\n\x07request\x18\x02 \x01(\x0b\x32\x1c.laya_proto.v1.DecideRequest\"\x81\x01\n\x0b\x44\x65\x63ideReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x31\n\x08response\x18\x02 \x01(\x0b\x32\x1d.laya_proto.v1.DecideResponseH\x00\x12)\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x18.laya_proto.v1.CallErrorH\x00\x42\x08\n\x06result2\xf9\x01\n\x0f\x44\x65\x63isionService\x12\x45\n\x06\x44\x65\x63ide\x12\x1c.laya_proto.v1.DecideRequest\x1a\x1d.laya_proto.v1.DecideResponse\x12T\n\x0b\x44\x65\x63ideBatch\x12!.laya_proto.v1.DecideBatchRequest\x1a\".laya_proto.v1.DecideBatchResponse\x12I\n\x0c\x44\x65\x63ideStream\x12\x19.laya_proto.v1.DecideCall\x1a\x1a.laya_proto.v1.DecideReply(\x01\x30\x01\x32\xa0\x01\n\rStatusService\x12J\n\tGetStatus\x12\x1c.laya_proto.v1.StatusRequest\x1a\x1a.laya_proto.v1.StatusEvent\"\x03\x90\x02\x01\x12\x43\n\x05Watch\x12\x1c.laya_proto.v1.StatusRequest\x1a\x1a.laya_proto.v1.StatusEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,32 +39,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ANSWER_LEGENDENTRY']._serialized_options = b'8\001'
   _globals['_STATUSSERVICE'].methods_by_name['GetStatus']._loaded_options = None
   _globals['_STATUSSERVICE'].methods_by_name['GetStatus']._serialized_options = b'\220\002\001'
-  _globals['_QUESTION']._serialized_start=76
-  _globals['_QUESTION']._serialized_end=306
-  _globals['_QUESTION_LABELSENTRY']._serialized_start=261
-  _globals['_QUESTION_LABELSENTRY']._serialized_end=306
-  _globals['_DECIDEREQUEST']._serialized_start=309
-  _globals['_DECIDEREQUEST']._serialized_end=607
-  _globals['_ANSWER']._serialized_start=610
-  _globals['_ANSWER']._serialized_end=1023
-  _globals['_ANSWER_PROB']._serialized_start=944
-  _globals['_ANSWER_PROB']._serialized_end=976
-  _globals['_ANSWER_LEGENDENTRY']._serialized_start=978
-  _globals['_ANSWER_LEGENDENTRY']._serialized_end=1023
-  _globals['_USAGE']._serialized_start=1026
-  _globals['_USAGE']._serialized_end=1178
-  _globals['_ROUTING']._serialized_start=1180
-  _globals['_ROUTING']._serialized_end=1276
-  _globals['_DECIDERESPONSE']._serialized_start=1279
-  _globals['_DECIDERESPONSE']._serialized_end=1449
-  _globals['_DECIDEBATCHREQUEST']._serialized_start=1452
-  _globals['_DECIDEBATCHREQUEST']._serialized_end=1729
-  _globals['_DECIDEBATCHRESPONSE']._serialized_start=1731
-  _globals['_DECIDEBATCHRESPONSE']._serialized_end=1836
-  _globals['_STATUSEVENT']._serialized_start=1839
-  _globals['_STATUSEVENT']._serialized_end=1968
-  _globals['_DECISIONSERVICE']._serialized_start=1971
-  _globals['_DECISIONSERVICE']._serialized_end=2145
-  _globals['_STATUSSERVICE']._serialized_start=2148
-  _globals['_STATUSSERVICE']._serialized_end=2308
+  _globals['_QUESTION']._serialized_start=104
+  _globals['_QUESTION']._serialized_end=334
+  _globals['_QUESTION_LABELSENTRY']._serialized_start=289
+  _globals['_QUESTION_LABELSENTRY']._serialized_end=334
+  _globals['_DECIDEREQUEST']._serialized_start=337
+  _globals['_DECIDEREQUEST']._serialized_end=635
+  _globals['_ANSWER']._serialized_start=638
+  _globals['_ANSWER']._serialized_end=1051
+  _globals['_ANSWER_PROB']._serialized_start=972
+  _globals['_ANSWER_PROB']._serialized_end=1004
+  _globals['_ANSWER_LEGENDENTRY']._serialized_start=1006
+  _globals['_ANSWER_LEGENDENTRY']._serialized_end=1051
+  _globals['_USAGE']._serialized_start=1054
+  _globals['_USAGE']._serialized_end=1206
+  _globals['_ROUTING']._serialized_start=1208
+  _globals['_ROUTING']._serialized_end=1304
+  _globals['_DECIDERESPONSE']._serialized_start=1307
+  _globals['_DECIDERESPONSE']._serialized_end=1477
+  _globals['_DECIDEBATCHREQUEST']._serialized_start=1480
+  _globals['_DECIDEBATCHREQUEST']._serialized_end=1757
+  _globals['_DECIDEBATCHRESPONSE']._serialized_start=1759
+  _globals['_DECIDEBATCHRESPONSE']._serialized_end=1864
+  _globals['_STATUSEVENT']._serialized_start=1867
+  _globals['_STATUSEVENT']._serialized_end=1996
+  _globals['_DECIDECALL']._serialized_start=1998
+  _globals['_DECIDECALL']._serialized_end=2069
+  _globals['_DECIDEREPLY']._serialized_start=2072
+  _globals['_DECIDEREPLY']._serialized_end=2201
+  _globals['_DECISIONSERVICE']._serialized_start=2204
+  _globals['_DECISIONSERVICE']._serialized_end=2453
+  _globals['_STATUSSERVICE']._serialized_start=2456
+  _globals['_STATUSSERVICE']._serialized_end=2616
 # @@protoc_insertion_point(module_scope)

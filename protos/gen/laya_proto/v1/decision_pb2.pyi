@@ -1,4 +1,5 @@
 from laya_proto.v1 import status_pb2 as _status_pb2
+from laya_proto.v1 import tokens_pb2 as _tokens_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -193,3 +194,21 @@ class StatusEvent(_message.Message):
     reason: str
     services: _containers.RepeatedCompositeFieldContainer[_status_pb2.ServiceStatus]
     def __init__(self, sequence: _Optional[int] = ..., time_unix: _Optional[float] = ..., ready: _Optional[bool] = ..., reason: _Optional[str] = ..., services: _Optional[_Iterable[_Union[_status_pb2.ServiceStatus, _Mapping]]] = ...) -> None: ...
+
+class DecideCall(_message.Message):
+    __slots__ = ("id", "request")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request: DecideRequest
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[DecideRequest, _Mapping]] = ...) -> None: ...
+
+class DecideReply(_message.Message):
+    __slots__ = ("id", "response", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    response: DecideResponse
+    error: _tokens_pb2.CallError
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[DecideResponse, _Mapping]] = ..., error: _Optional[_Union[_tokens_pb2.CallError, _Mapping]] = ...) -> None: ...

@@ -48,6 +48,11 @@ class DecisionServiceStub:
                 request_serializer=laya__proto_dot_v1_dot_decision__pb2.DecideBatchRequest.SerializeToString,
                 response_deserializer=laya__proto_dot_v1_dot_decision__pb2.DecideBatchResponse.FromString,
                 _registered_method=True)
+        self.DecideStream = channel.stream_stream(
+                '/laya_proto.v1.DecisionService/DecideStream',
+                request_serializer=laya__proto_dot_v1_dot_decision__pb2.DecideCall.SerializeToString,
+                response_deserializer=laya__proto_dot_v1_dot_decision__pb2.DecideReply.FromString,
+                _registered_method=True)
 
 
 class DecisionServiceServicer:
@@ -68,6 +73,16 @@ class DecisionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DecideStream(self, request_iterator, context):
+        """Decide calls multiplexed on one long-lived stream: the same request, answer and errors as
+        Decide, without a unary call's setup on either side (AsyncLayaClient uses it). Replies come
+        in completion order, matched by id; an error fails its call only (CallError: the kind and
+        detail Decide would have failed with). Authorization is checked once, when the stream opens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecisionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +95,11 @@ def add_DecisionServiceServicer_to_server(servicer, server):
                     servicer.DecideBatch,
                     request_deserializer=laya__proto_dot_v1_dot_decision__pb2.DecideBatchRequest.FromString,
                     response_serializer=laya__proto_dot_v1_dot_decision__pb2.DecideBatchResponse.SerializeToString,
+            ),
+            'DecideStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.DecideStream,
+                    request_deserializer=laya__proto_dot_v1_dot_decision__pb2.DecideCall.FromString,
+                    response_serializer=laya__proto_dot_v1_dot_decision__pb2.DecideReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -139,6 +159,33 @@ class DecisionService:
             '/laya_proto.v1.DecisionService/DecideBatch',
             laya__proto_dot_v1_dot_decision__pb2.DecideBatchRequest.SerializeToString,
             laya__proto_dot_v1_dot_decision__pb2.DecideBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/laya_proto.v1.DecisionService/DecideStream',
+            laya__proto_dot_v1_dot_decision__pb2.DecideCall.SerializeToString,
+            laya__proto_dot_v1_dot_decision__pb2.DecideReply.FromString,
             options,
             channel_credentials,
             insecure,
