@@ -49,6 +49,11 @@ def _sock(stack, name: str) -> str:
     return "unix:" + os.path.join(stack.run_dir, name)
 
 
+async def _close(*things) -> None:
+    for t in things:
+        await t.close()
+
+
 async def _clients(stack):
     tch = grpc.aio.insecure_channel(_sock(stack, "tokenizer-0.sock"))
     ich = grpc.aio.insecure_channel(_sock(stack, "inference.sock"))
@@ -99,10 +104,7 @@ def test_streamed_calls_equal_unary_calls_and_errors_keep_their_kind(stack):
             r = await imux.call(ireqs[0], 60)
             np.testing.assert_allclose(np.frombuffer(r.logits, "<f4"), np.frombuffer(want[0].logits, "<f4"), atol=1e-5)
         finally:
-            await tmux.close()
-            await imux.close()
-            await tch.close()
-            await ich.close()
+            await _close(tmux, imux, tch, ich)
     _run(main())
 
 
@@ -126,10 +128,7 @@ def test_a_killed_backend_fails_its_stream_busy_and_the_next_stream_serves(stack
                     await asyncio.sleep(0.2)
             assert r.rows.ids == (await tok.Tokenize(_tok_req(STATES[1]))).rows.ids
         finally:
-            await tmux.close()
-            await imux.close()
-            await tch.close()
-            await ich.close()
+            await _close(tmux, imux, tch, ich)
     _run(main())
     stack.wait_ready(60)
 
@@ -213,8 +212,6 @@ def test_loads_under_max_loaded_never_evict_a_checkpoint_in_use(tiny_ckpt, tiny_
                     bad = [g for g in got if isinstance(g, BaseException)]
                     assert not bad, bad[:3]
             finally:
-                await imux.close()
-                await tch.close()
-                await ich.close()
+                await _close(imux, tch, ich)
         _run(main())
         assert "evicted checkpoint" in s.full_log()
