@@ -188,11 +188,15 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             return await self._decide(request, context)
 
     async def DecideStream(self, request_iterator, context):
+        handle = self._decide_call
         try:
             self._auth(context)
         except LayaError as e:
-            await rpc.abort(context, e)
-        await streams.serve_calls(request_iterator, context, self._decide_call, decision_pb2.DecideReply,
+            # every call on the stream fails UNAUTHENTICATED, as a reply: aborting the stream instead
+            # races the client's first write, which then sees a transport error, not the 401
+            async def handle(_request, e=e):
+                raise e
+        await streams.serve_calls(request_iterator, context, handle, decision_pb2.DecideReply,
                                   tokens_pb2.CallError, "Decide")
 
     async def _decide_call(self, request):

@@ -85,16 +85,16 @@ class Registry:
         return s.runner
 
     async def ensure(self, name: str) -> Slot:
-        """The checkpoint, loaded and warm; concurrent callers share one load."""
+        """The checkpoint, loaded and warm; concurrent callers share one load. One evicted right
+        after it loaded (a load of another under --max-loaded) is loaded again."""
         s = self.slot(name)
         s.last_used = time.time()
-        if s.state == S.READY:
-            return s
-        if s.task is None or s.task.done():
-            s.task = asyncio.ensure_future(self._load(s))
-        await asyncio.shield(s.task)
-        if s.state != S.READY:
-            raise LayaError(Kind.CHECKPOINT, "checkpoint %r failed to load: %s" % (name, s.detail))
+        while s.state != S.READY:
+            if s.task is None or s.task.done():
+                s.task = asyncio.ensure_future(self._load(s))
+            await asyncio.shield(s.task)
+            if s.state == S.FAILED:
+                raise LayaError(Kind.CHECKPOINT, "checkpoint %r failed to load: %s" % (name, s.detail))
         return s
 
     @contextlib.asynccontextmanager
@@ -103,7 +103,7 @@ class Registry:
         load of another checkpoint (--max-loaded) must not evict it between the batcher taking its
         rows and the answer being built."""
         s = await self.ensure(name)
-        while s.draining:   # being evicted for another checkpoint: let that happen, then load it again
+        while s.draining or s.runner is None:   # being evicted for another checkpoint: let it, then reload
             await asyncio.sleep(0.005)
             s = await self.ensure(name)
         s.pins += 1
@@ -143,6 +143,8 @@ class Registry:
                 t1 = time.perf_counter()
                 await self.run_on_device(lambda: _warm(runner, ckpt, s.pad_id))
                 s.warmup_ms = (time.perf_counter() - t1) * 1e3
+            if s.runner is not runner:   # evicted while warming (victims are READY ones; kept as a guard)
+                return
             self._set(s, S.READY, "")
             log.info("checkpoint %s ready on %s/%s (load %.0f ms, warmup %.0f ms)", s.name, runner.device(),
                      runner.dtype(), s.load_ms, s.warmup_ms)
@@ -158,8 +160,13 @@ class Registry:
             # the least recently used idle one; if every one is answering requests, the least recently
             # used drains first (its requests in flight finish, new ones wait for its reload): a
             # checkpoint under constant load cannot keep another one from ever loading
-            idle = [x for x in resident if x.pins == 0]
-            victim = min(idle or resident, key=lambda x: x.last_used)
+            loaded = [x for x in resident if x.state == S.READY]
+            if not loaded:   # the others are still loading: evict once one of them is ready
+                await asyncio.sleep(0.005)
+                resident = [x for x in self.slots.values() if x.runner is not None and x.name != name]
+                continue
+            idle = [x for x in loaded if x.pins == 0]
+            victim = min(idle or loaded, key=lambda x: x.last_used)
             victim.draining = True
             try:
                 while victim.pins:

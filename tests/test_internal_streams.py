@@ -189,10 +189,11 @@ def test_gateway_on_unary_calls_answers_as_on_streams(stack, tiny_ckpt):
 
 
 def test_loads_under_max_loaded_never_evict_a_checkpoint_in_use(tiny_ckpt, tiny_ml_ckpt):
-    """--max-loaded 1, two checkpoints, concurrent Infer calls alternating between them: each load
-    must wait for the other checkpoint's calls in flight instead of evicting it under them (it used
-    to fail them with 'not loaded' or an INTERNAL TypeError)."""
-    with Stack({"english": tiny_ckpt, "multilingual": tiny_ml_ckpt},
+    """--max-loaded 1, three checkpoints, concurrent Infer calls alternating between them: a load
+    must wait for the other checkpoints' calls in flight instead of evicting them under them, and
+    never evict one that is still warming (calls used to fail with 'not loaded', an INTERNAL
+    TypeError or AttributeError)."""
+    with Stack({"english": tiny_ckpt, "multilingual": tiny_ml_ckpt, "third": tiny_ckpt},
                extra_args=["--tokenizer-workers", "1", "--gateway-workers", "1", "--max-loaded", "1",
                            "--preload", "english"]) as s:
         async def main():
@@ -203,11 +204,11 @@ def test_loads_under_max_loaded_never_evict_a_checkpoint_in_use(tiny_ckpt, tiny_
                              "inference service")
             try:
                 reqs = []
-                for name in ("english", "multilingual"):
+                for name in ("english", "multilingual", "third"):
                     rows = (await tok.Tokenize(_tok_req(STATES[0], checkpoint=name))).rows
                     reqs.append(inference_pb2.InferRequest(checkpoint=name, rows=rows))
                 for _ in range(3):
-                    got = await asyncio.gather(*[imux.call(reqs[i % 2], 60) for i in range(24)],
+                    got = await asyncio.gather(*[imux.call(reqs[i % 3], 60) for i in range(36)],
                                                return_exceptions=True)
                     bad = [g for g in got if isinstance(g, BaseException)]
                     assert not bad, bad[:3]

@@ -77,7 +77,8 @@ class DecisionServiceServicer:
         """Decide calls multiplexed on one long-lived stream: the same request, answer and errors as
         Decide, without a unary call's setup on either side (AsyncLayaClient uses it). Replies come
         in completion order, matched by id; an error fails its call only (CallError: the kind and
-        detail Decide would have failed with). Authorization is checked once, when the stream opens.
+        detail Decide would have failed with). Authorization is checked once, when the stream opens
+        (without a valid key every call on it fails UNAUTHENTICATED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
