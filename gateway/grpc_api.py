@@ -175,50 +175,46 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         # as the HTTP side: bytes with surrogateescape, so any key or header compares, never raises
         self._expected = ("Bearer " + api_key).encode("utf-8", "surrogateescape") if api_key else None
 
-    def _auth(self, context) -> None:
+    def _denied(self, context) -> Optional[LayaError]:
+        """The 401 for a call (or a stream) without the right bearer token; None when it may pass."""
         if self._expected is None:
-            return
+            return None
         supplied = dict(context.invocation_metadata()).get("authorization", "")
         if not hmac.compare_digest(str(supplied).encode("utf-8", "surrogateescape"), self._expected):
-            raise LayaError(Kind.UNAUTHENTICATED, UNAUTHORIZED_DETAIL)
+            return LayaError(Kind.UNAUTHENTICATED, UNAUTHORIZED_DETAIL)
+        return None
+
+    def _auth(self, context) -> None:
+        denied = self._denied(context)
+        if denied is not None:
+            raise denied
 
     @rpc.servicer_errors
     async def Decide(self, request, context):
-        with metrics.measured("grpc", "decide"):
-            return await self._decide(request, context)
+        return await self._decide(request, self._denied(context))
 
     async def DecideStream(self, request_iterator, context):
-        handle = self._decide_call
-        try:
-            self._auth(context)
-        except LayaError as e:
-            # every call on the stream fails UNAUTHENTICATED, as a reply: aborting the stream instead
-            # races the client's first write, which then sees a transport error, not the 401
-            async def handle(_request, e=e):
-                raise e
-        await streams.serve_calls(request_iterator, context, handle, decision_pb2.DecideReply,
-                                  tokens_pb2.CallError, "Decide")
+        # checked once per stream; without the token every call fails 401 as a reply (aborting the
+        # stream instead races the client's first write, which then sees a transport error)
+        denied = self._denied(context)
+        await streams.serve_calls(request_iterator, context, lambda request: self._decide(request, denied),
+                                  decision_pb2.DecideReply, tokens_pb2.CallError, "Decide")
 
-    async def _decide_call(self, request):
+    async def _decide(self, request, denied: Optional[LayaError]):
         with metrics.measured("grpc", "decide"):
-            return await self._decide_request(request)
+            if denied is not None:
+                raise denied
+            req = parse_decide_body(_capped(decide_body(request)), self.decider.route_table, self.max_token_budget)
+            t0 = time.perf_counter()
+            result = await self.decider.decide(req)
+            resp = decision_pb2.DecideResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
+            pack_result(result, resp)
+            return resp
 
     @rpc.servicer_errors
     async def DecideBatch(self, request, context):
         with metrics.measured("grpc", "batch"):
             return await self._decide_batch(request, context)
-
-    async def _decide(self, request, context):
-        self._auth(context)
-        return await self._decide_request(request)
-
-    async def _decide_request(self, request):
-        req = parse_decide_body(_capped(decide_body(request)), self.decider.route_table, self.max_token_budget)
-        t0 = time.perf_counter()
-        result = await self.decider.decide(req)
-        resp = decision_pb2.DecideResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
-        pack_result(result, resp)
-        return resp
 
     async def _decide_batch(self, request, context):
         self._auth(context)

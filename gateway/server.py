@@ -138,8 +138,10 @@ async def serve(args: argparse.Namespace) -> int:
 
     host, port = split_host_port(args.http, "--http")
     app = build_app(decider, settings)
+    # httptools: ~0.1 ms less gateway CPU a request than uvicorn's h11 default (docs/performance.md)
     http = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                         lifespan="off", timeout_keep_alive=30, root_path=settings.root_path, http="httptools"))
+                                         lifespan="off", timeout_keep_alive=30, root_path=settings.root_path,
+                                         http="httptools"))
     http.install_signal_handlers = lambda: None  # we own SIGTERM/SIGINT
     services.start()
 

@@ -103,7 +103,7 @@ class Registry:
         load of another checkpoint (--max-loaded) must not evict it between the batcher taking its
         rows and the answer being built."""
         s = await self.ensure(name)
-        while s.draining or s.runner is None:   # being evicted for another checkpoint: let it, then reload
+        while s.draining:   # being evicted for another checkpoint: let that happen, then reload it
             await asyncio.sleep(0.005)
             s = await self.ensure(name)
         s.pins += 1
@@ -143,8 +143,6 @@ class Registry:
                 t1 = time.perf_counter()
                 await self.run_on_device(lambda: _warm(runner, ckpt, s.pad_id))
                 s.warmup_ms = (time.perf_counter() - t1) * 1e3
-            if s.runner is not runner:   # evicted while warming (victims are READY ones; kept as a guard)
-                return
             self._set(s, S.READY, "")
             log.info("checkpoint %s ready on %s/%s (load %.0f ms, warmup %.0f ms)", s.name, runner.device(),
                      runner.dtype(), s.load_ms, s.warmup_ms)
@@ -155,18 +153,19 @@ class Registry:
             self._set(s, S.FAILED, detail)
 
     async def _evict_for(self, name: str) -> None:
-        resident = [x for x in self.slots.values() if x.runner is not None and x.name != name]
-        while len(resident) >= self.max_loaded:
-            # the least recently used idle one; if every one is answering requests, the least recently
-            # used drains first (its requests in flight finish, new ones wait for its reload): a
-            # checkpoint under constant load cannot keep another one from ever loading
+        """Make room under --max-loaded: evict the least recently used READY checkpoint with no
+        request in flight; if every one is answering requests, the least recently used drains first
+        (its calls in flight finish, new ones wait for its reload), so a checkpoint under constant
+        load cannot keep another from ever loading. One still loading is never a victim."""
+        while True:
+            resident = [x for x in self.slots.values() if x.runner is not None and x.name != name]
+            if len(resident) < self.max_loaded:
+                return
             loaded = [x for x in resident if x.state == S.READY]
             if not loaded:   # the others are still loading: evict once one of them is ready
                 await asyncio.sleep(0.005)
-                resident = [x for x in self.slots.values() if x.runner is not None and x.name != name]
                 continue
-            idle = [x for x in loaded if x.pins == 0]
-            victim = min(idle or loaded, key=lambda x: x.last_used)
+            victim = min([x for x in loaded if x.pins == 0] or loaded, key=lambda x: x.last_used)
             victim.draining = True
             try:
                 while victim.pins:
@@ -174,9 +173,7 @@ class Registry:
             finally:
                 victim.draining = False
             if victim.runner is None:   # a concurrent load evicted it meanwhile
-                resident = [x for x in self.slots.values() if x.runner is not None and x.name != name]
                 continue
-            resident.remove(victim)
             runner, victim.runner = victim.runner, None
             self._set(victim, S.CONFIGURED, "evicted (least recently used; --max-loaded %d)" % self.max_loaded)
             await self.run_on_device(runner.close)

@@ -66,7 +66,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--require-device", env="LAYA_REQUIRE_DEVICE", nargs="?", const="yes", metavar="DEVICE",
               help="exit non-zero if the device is unavailable instead of falling back to CPU; alone it requires "
                    "--device, with a value (e.g. --require-device gpu, --require-device cuda:1) it requires that one")
-    flags.add(p, "--max-loaded", env="LAYA_MAX_LOADED", default=2, type=int,
+    flags.add(p, "--max-loaded", env="LAYA_MAX_LOADED", default=2, type=flags.positive_int,
               help="checkpoints kept resident at once; the least recently used is evicted beyond this")
     flags.add(p, "--preload", env="LAYA_MODELS", append=True, metavar="NAME",
               help="checkpoints to load and warm before reporting ready (default: all configured, up to --max-loaded)")

@@ -11,6 +11,17 @@ import os
 from typing import Any, Callable, Optional
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a count of 0 would leave nothing to serve with)."""
+    try:
+        n = int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected an integer, got %r" % text) from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1, got %d" % n)
+    return n
+
+
 def _parse_bool(text: str) -> bool:
     t = str(text).strip().lower()
     if t in ("1", "true", "yes", "on"):

@@ -95,7 +95,7 @@ class StreamMux:
                     raise self._broken(e) from None
             return await asyncio.wait_for(fut, timeout) if timeout else await fut
         except asyncio.TimeoutError:
-            raise LayaError(Kind.TIMEOUT, "%s did not answer within %.0f s" % (self.what, timeout)) from None
+            raise LayaError(Kind.TIMEOUT, "%s did not answer within %g s" % (self.what, timeout)) from None
         finally:
             self._pending.pop(cid, None)
 
@@ -143,9 +143,10 @@ class StreamMux:
         down; an error that names its own kind keeps it."""
         if isinstance(e, grpc.aio.AioRpcError):
             err = rpc.error_from_rpc(e, self.what)
-            if err.kind not in (Kind.INTERNAL, Kind.BUSY) or any(k == KIND_METADATA_KEY for k, _ in (e.trailing_metadata() or ())):
-                return err
-            return LayaError(Kind.BUSY, "%s unavailable: %s" % (self.what, e.details() or e.code().name))
+            tagged = any(k == KIND_METADATA_KEY for k, _ in (e.trailing_metadata() or ()))
+            if err.kind is Kind.INTERNAL and not tagged:   # e.g. "Internal error from Core" on a write
+                return LayaError(Kind.BUSY, "%s unavailable: %s" % (self.what, e.details() or e.code().name))
+            return err
         return LayaError(Kind.BUSY, "%s unavailable: stream broken (%s)" % (self.what, type(e).__name__))
 
     async def close(self) -> None:
