@@ -121,15 +121,21 @@ def check_runners(torch, work: str) -> list[str]:
         rows = [r for e in enc.encode_many(states, questions) for r in e.rows]
         batch = PackedRows.from_rows(rows).pad(int(ck.special.pad_id))
         ref, _ = TorchRunner(path, "cpu", None).forward(batch)
-        for kernels, add_norm in (("fused", "triton"), ("fused", "addmm"), ("reference", None)):
-            r = TorchRunner(path, "cuda", None, cuda_kernels=kernels)
+        for kernels, add_norm, pack, budget in (("fused", "triton", "auto", 16384), ("fused", "triton", "auto", 256),
+                                                ("fused", "triton", "off", 16384), ("fused", "addmm", "auto", 16384),
+                                                ("reference", None, "auto", 16384)):
+            r = TorchRunner(path, "cuda", None, cuda_kernels=kernels, pack_rows=pack, max_batch_tokens=budget)
             if add_norm is not None and r.kernels == "fused":
                 r.model.use_fused_kernels(add_norm=add_norm)          # before any graph is captured
             n_graphs = r.warm()
             lg, act = r.forward(batch)
             K = batch["marker_mask"].sum(1)
             err = max(float(np.abs(lg[i, :k] - ref[i, :k]).max()) for i, k in enumerate(K))
-            name = r.kernels + ("" if add_norm is None else " add_norm=" + add_norm)
+            if r.packing is not None:        # the serving path: rows in, split by the plan under a small budget
+                lr, _ = r.run_rows(PackedRows.from_rows(rows), int(ck.special.pad_id))
+                err = max(err, max(float(np.abs(lr[i, :k] - ref[i, :k]).max()) for i, k in enumerate(K)))
+            name = r.kernels + ("" if add_norm is None else " add_norm=" + add_norm) + (
+                " packed (budget %d)" % budget if r.packing is not None else " padded")
             print("%s %s: %d graphs, %d rows, max|dlogit| vs cpu fp32 %.4f, finite %s"
                   % (preset, name, n_graphs, len(K), err, bool(np.isfinite(lg).all() and np.isfinite(act).all())),
                   flush=True)

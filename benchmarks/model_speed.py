@@ -2,7 +2,8 @@
 it, per encoder mode (reference: transformers op for op; fused: the Triton kernels, attention in
 one launch a layer (cuda_attention.py), residual add + LayerNorm in one kernel; fused-addmm: the
 same with the earlier residual-in-the-GEMM addmm and nn.LayerNorm; fused-sdpa / fused-efficient:
-the earlier rope_qk + SDPA attention, torch's SDPA choice or the memory-efficient kernel): weight
+the earlier rope_qk + SDPA attention, torch's SDPA choice or the memory-efficient kernel; packed: fused
+with the rows of a batch packed into one token stream, packing.py): weight
 load, CUDA init, capture and replay per shape, the warm set's capture time (the ready-time cost),
 parity against CPU fp32 (the bit-exact-to-upstream path), steady state, and which SDPA kernels our
 mask shapes reach.
@@ -23,6 +24,7 @@ import time
 import numpy as np
 
 SHAPES = ((1, 132, 3), (1, 512, 5), (6, 132, 4), (64, 132, 3))   # rows, tokens, markers
+MIXED = 64      # a batch of this many rows of mixed lengths (24..512): what padding costs most
 PARITY_TOL_DP, PARITY_TIE_MARGIN = 1e-2, 0.04
 
 
@@ -143,7 +145,7 @@ def set_mode(torch, model, mode: str) -> None:
     from torch.nn.attention import SDPBackend
     if mode == "reference":
         model.kernels, model.attn_backends = "reference", None
-    elif mode == "fused":
+    elif mode in ("fused", "packed"):
         model.use_fused_kernels()
     elif mode == "fused-addmm":       # the earlier residual adds inside the Wo GEMMs + nn.LayerNorm (A/B)
         model.use_fused_kernels(add_norm="addmm")
@@ -155,13 +157,43 @@ def set_mode(torch, model, mode: str) -> None:
         raise SystemExit("unknown mode %r" % mode)
 
 
+class Packed:
+    """PackedForward (the rows of a batch in one token stream, packing.py) behind CudaGraphForward's
+    padded-batch interface, so every figure here is taken the same way for both."""
+
+    def __init__(self, model, dev):
+        from inference_svc.cuda_graphs import PackedForward
+        from inference_svc.packing import PackedPlan
+        self.plan = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=16384)
+        self.pf = PackedForward(model, dev, self.plan)
+        self.cache = self.pf.cache
+
+    def bucket(self, b):
+        from inference_svc.packing import rows_from_padded
+        r = rows_from_padded(b)
+        return self.plan.bucket(r.n, len(r.ids), int(r.marker_counts.max()))
+
+    def forward(self, b):
+        from inference_svc.packing import rows_from_padded
+        lg, act = self.pf.forward(rows_from_padded(b), 0)
+        return lg[:, : b["marker_pos"].shape[1]], act
+
+    def warm(self, buckets):
+        self.pf.warm(buckets)
+
+    def close(self):
+        self.pf.close()
+
+
 def measure(a, rec, torch, model, plan, bench, refs, par_batches, rng, vocab, mode):
     """Capture the bench buckets, time each, check parity, then check steady state."""
     from functools import partial
     from inference_svc.cuda_graphs import CudaGraphForward
     rec = partial(rec, mode=mode)
     set_mode(torch, model, mode)
-    gf = CudaGraphForward(model, torch.device("cuda:0"), plan, parallel=False)
+    packed = mode == "packed"
+    gf = Packed(model, torch.device("cuda:0")) if packed else CudaGraphForward(model, torch.device("cuda:0"), plan,
+                                                                                parallel=False)
     caps = []
     for b in bench.values():
         t = time.perf_counter()
@@ -170,13 +202,15 @@ def measure(a, rec, torch, model, plan, bench, refs, par_batches, rng, vocab, mo
     rec("capture", first_s=caps[0], rest_s=caps[1:])
     times = []
     for s, b in bench.items():
-        bk = plan.bucket(s[0], s[1], s[2])
+        bk = gf.bucket(b) if packed else plan.bucket(s[0], s[1], s[2])
         lg, act = gf.forward(b)
         assert np.isfinite(lg).all() and np.isfinite(act).all(), s
-        times.append(rec("time", rows=s[0], tokens=s[1], bucket=[bk.rows, bk.tokens],
+        times.append(rec("time", rows=s[0], tokens=s[1], bucket=[bk.segments if packed else bk.rows, bk.tokens],
                          replay_ms=replay_ms(torch, gf.cache.get(bk).graph, a.iters),
                          host_ms=host_ms(gf, b, a.iters)))
     par = rec("parity", **parity(gf, refs, par_batches))
+    if packed:   # the steady traffic below lands in token buckets of its own: capture them all first
+        gf.warm([b for b in gf.plan.warm_buckets() if b not in set(gf.cache.keys())])
     captures = gf.cache.captures
     torch.cuda.synchronize()
     mem0 = torch.cuda.memory_allocated()
@@ -188,7 +222,8 @@ def measure(a, rec, torch, model, plan, bench, refs, par_batches, rng, vocab, mo
     rec("steady", new_captures=gf.cache.captures - captures, alloc_growth_bytes=torch.cuda.memory_allocated() - mem0)
     if a.warm_set:
         # what TorchRunner.warm() does before ready: every bucket within the default token budget
-        buckets = [b for b in plan.warm_buckets(16384) if b not in set(gf.cache.keys())]
+        every = gf.plan.warm_buckets() if packed else plan.warm_buckets(16384)
+        buckets = [b for b in every if b not in set(gf.cache.keys())]
         t = time.perf_counter()
         gf.warm(buckets)
         torch.cuda.synchronize()
@@ -204,7 +239,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--parity-rows", type=int, default=96)
-    p.add_argument("--modes", default="fused,fused-addmm,fused-sdpa,reference")
+    p.add_argument("--modes", default="packed,fused,fused-addmm,fused-sdpa,reference")
     p.add_argument("--warm-set", action="store_true", help="also time the capture of the whole warm set per mode")
     p.add_argument("--token-buckets", default=None,
                    help="comma list of token bucket sizes (default: cuda_graphs.DEFAULT_TOKEN_BUCKETS)")
@@ -248,6 +283,8 @@ def main(argv=None) -> int:
     plan = BucketPlan(max_rows=256, max_tokens=512) if not a.token_buckets else BucketPlan(
         max_rows=256, max_tokens=512, token_buckets=tuple(int(t) for t in a.token_buckets.split(",")))
     bench = {s: rows([s[1]] * s[0], s[2], vocab, seed=s[0]) for s in SHAPES}
+    mixed = np.random.default_rng(3).integers(24, 513, size=MIXED)
+    bench[(MIXED, int(mixed.max()), 3)] = rows(mixed, 3, vocab, seed=5)     # padded: 64 x 512
     summary = {}
     for mode in a.modes.split(","):
         try:

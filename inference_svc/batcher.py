@@ -4,8 +4,9 @@ Requests that arrive while the device is busy share the next forward pass: the t
 queued jobs (same checkpoint, FIFO) until a padded-token budget or a row cap is reached, pads
 once, runs, and hands each job its slice. There is no wait timer by default (TEI's policy: the
 next batch forms as soon as the device frees); `max_wait_ms` adds a short one for bursty loads.
-The budget counts tokens as the runner will really pad them (its CUDA graph buckets), so a
-batch never lands in a shape that was not captured during warmup.
+The budget counts tokens as the runner will really run them (packed: the real tokens rounded to a
+token bucket; padded: rows x longest, rounded to its CUDA graph buckets), so a batch never lands in
+a shape that was not captured during warmup.
 `keep_warm_s` > 0 re-runs the last real row after that much idle time, so the GPU does not
 clock down between sparse requests (see docs/performance.md for what it costs and buys).
 All framework work stays on this thread (MLX requires it; torch releases the GIL in kernels).
@@ -118,12 +119,13 @@ class Batcher:
             raise
 
     # -- device thread --------------------------------------------------------------------
-    def _padded_cost(self, checkpoint: str) -> Callable[[int, int], int]:
+    def _cost(self, checkpoint: str) -> Callable[[int, int, int], int]:
+        """cost(rows, longest row, total tokens): the tokens a batch really costs on the runner."""
         try:
             runner = self._get_runner(checkpoint)
         except LayaError:
-            return lambda rows, tokens: rows * tokens   # not loaded: the forward reports why
-        return getattr(runner, "padded_tokens", lambda rows, tokens: rows * tokens)
+            return lambda rows, longest, total: rows * longest   # not loaded: the forward reports why
+        return getattr(runner, "batch_cost", lambda rows, longest, total: rows * longest)
 
     def _take(self):
         """The next unit of work: [_Call], [_KeepWarm], a list of _Job for one forward, or [] to stop."""
@@ -141,9 +143,9 @@ class Batcher:
                 return [first]
             if self.max_wait_s > 0 and len(self._queue) == 0:
                 self._cv.wait(timeout=self.max_wait_s)
-            cost = self._padded_cost(first.checkpoint)
+            cost = self._cost(first.checkpoint)
             jobs, rows = [first], first.rows.n
-            longest = int(first.rows.lengths.max())
+            longest, total = int(first.rows.lengths.max()), len(first.rows.ids)
             keep = collections.deque()
             while self._queue:
                 j = self._queue.popleft()
@@ -154,14 +156,14 @@ class Batcher:
                     continue
                 cand_longest = max(longest, int(j.rows.lengths.max()))
                 if (rows + j.rows.n > self.max_batch_rows
-                        or cost(rows + j.rows.n, cand_longest) > self.max_batch_tokens):
+                        or cost(rows + j.rows.n, cand_longest, total + len(j.rows.ids)) > self.max_batch_tokens):
                     keep.append(j)
                     keep.extend(self._queue)
                     self._queue.clear()
                     break
                 jobs.append(j)
                 rows += j.rows.n
-                longest = cand_longest
+                longest, total = cand_longest, total + len(j.rows.ids)
             keep.extend(self._queue)
             self._queue.clear()
             self._queue.extend(keep)
@@ -187,7 +189,7 @@ class Batcher:
         """One discarded forward of a real row's shape: keeps the GPU clocked up while idle."""
         try:
             runner = self._get_runner(job.checkpoint)
-            runner.forward(job.rows.pad(self._pad_id_of(job.checkpoint)))
+            runner.run_rows(job.rows, self._pad_id_of(job.checkpoint))
             self.keep_warm_runs += 1
         except LayaError as e:       # evicted or failed meanwhile: stop until the next real request
             log.info("keep-warm skipped: %s", e.detail)
@@ -205,12 +207,15 @@ class Batcher:
         the token budget (one large request, or several coalesced by a gateway) run as several
         forwards that each fit it, so no batch lands in a shape the warmup did not prepare."""
         runner = self._get_runner(checkpoint)
-        cost = self._padded_cost(checkpoint)
+        pad_id, counts = self._pad_id_of(checkpoint), rows.marker_counts
+        if getattr(runner, "packing", None) is not None:   # packed rows: the runner splits by its plan
+            lg, ac = runner.run_rows(rows, pad_id)
+            return [lg[i, : int(counts[i])].astype(np.float32, copy=True) for i in range(rows.n)], ac
+        cost = self._cost(checkpoint)
         L = -(-int(rows.lengths.max()) // self.length_multiple) * self.length_multiple
         per = rows.n
-        while per > 1 and cost(per, L) > self.max_batch_tokens:
+        while per > 1 and cost(per, L, per * L) > self.max_batch_tokens:
             per = (per + 1) // 2
-        pad_id, counts = self._pad_id_of(checkpoint), rows.marker_counts
         logits, acts = [], []
         for a in range(0, rows.n, per):
             idx = range(a, min(a + per, rows.n))

@@ -56,7 +56,7 @@ def _kernel():
     @triton.jit
     def _key_block(qkv_ptr, cos_ptr, sin_ptr, q, acc, m_i, l_i, n0, row0, h, offs_m, offs_d, d_ok, rot_d, sign,
                    L, n_keys, window, qk_scale, H: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SLIDING: tl.constexpr, IEEE: tl.constexpr):
+                   SLIDING: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr):
         """One BLOCK_N block of keys: rotate k, scores, mask, online-softmax update of (acc, m, l)."""
         STRIDE: tl.constexpr = 3 * H * HD
         dt = qkv_ptr.dtype.element_ty
@@ -64,12 +64,15 @@ def _kernel():
         n_ok = offs_n < L
         km = n_ok[:, None] & d_ok[None, :]
         k_base = qkv_ptr + (row0 + offs_n)[:, None] * STRIDE + H * HD + h * HD
-        kx = tl.load(k_base + offs_d[None, :], mask=km, other=0.0).to(tl.float32)
-        kxr = tl.load(k_base + rot_d[None, :], mask=km, other=0.0).to(tl.float32)
-        tk = offs_n[:, None] * HD
-        kc = tl.load(cos_ptr + tk + offs_d[None, :], mask=km, other=0.0).to(tl.float32)
-        ks = tl.load(sin_ptr + tk + offs_d[None, :], mask=km, other=0.0).to(tl.float32)
-        k = (kx * kc + (sign[None, :] * kxr) * ks).to(dt)
+        if ROPE:
+            kx = tl.load(k_base + offs_d[None, :], mask=km, other=0.0).to(tl.float32)
+            kxr = tl.load(k_base + rot_d[None, :], mask=km, other=0.0).to(tl.float32)
+            tk = offs_n[:, None] * HD
+            kc = tl.load(cos_ptr + tk + offs_d[None, :], mask=km, other=0.0).to(tl.float32)
+            ks = tl.load(sin_ptr + tk + offs_d[None, :], mask=km, other=0.0).to(tl.float32)
+            k = (kx * kc + (sign[None, :] * kxr) * ks).to(dt)
+        else:
+            k = tl.load(k_base + offs_d[None, :], mask=km, other=0.0)
         # other=0: a masked key's weight is exactly 0, and 0 * (uninitialised memory) could be NaN
         v = tl.load(k_base + H * HD + offs_d[None, :], mask=km, other=0.0)
 
@@ -99,38 +102,53 @@ def _kernel():
     globals()["_key_block"] = _key_block
 
     @triton.jit(do_not_specialize=["L", "window"])
-    def attention_kernel(qkv_ptr, cos_ptr, sin_ptr, len_ptr, out_ptr, L, window, qk_scale,
+    def attention_kernel(qkv_ptr, cos_ptr, sin_ptr, len_ptr, start_ptr, blk_seg_ptr, blk_m0_ptr, out_ptr,
+                         L, window, qk_scale,
                          H: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         SLIDING: tl.constexpr, IEEE: tl.constexpr, FOR_LOOP: tl.constexpr):
-        pid_m = tl.program_id(0)
-        bh = tl.program_id(1)
-        b = bh // H
-        h = bh % H
+                         SLIDING: tl.constexpr, IEEE: tl.constexpr, FOR_LOOP: tl.constexpr,
+                         VARLEN: tl.constexpr, ROPE: tl.constexpr):
         HALF: tl.constexpr = HD // 2
         STRIDE: tl.constexpr = 3 * H * HD           # one token's row of qkv
         dt = qkv_ptr.dtype.element_ty
-
-        n_len = tl.load(len_ptr + b)
-        m0 = pid_m * BLOCK_M
+        if VARLEN:
+            # packed rows: program (i, h) takes query block i of the block table, a (segment, first
+            # query) pair; a segment is `len` tokens from `start` in the flat token stream
+            pid_m = tl.program_id(0)
+            h = tl.program_id(1)
+            b = tl.load(blk_seg_ptr + pid_m)
+            m0 = tl.load(blk_m0_ptr + pid_m)
+            n_len = tl.load(len_ptr + b)
+            row0 = tl.load(start_ptr + b).to(tl.int64)
+            L = n_len                                 # the segment is its own row: nothing past it exists
+        else:
+            pid_m = tl.program_id(0)
+            bh = tl.program_id(1)
+            b = bh // H
+            h = bh % H
+            n_len = tl.load(len_ptr + b)
+            m0 = pid_m * BLOCK_M
+            row0 = b.to(tl.int64) * L                # token index of this row's position 0
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HD
         # rotate_half(x) = cat(-x2, x1): column d reads its partner (d + HD/2) mod HD, negated in the first half
         rot_d = (offs_d + HALF) % HD
         sign = tl.where(offs_d < HALF, -1.0, 1.0)
-        row0 = b.to(tl.int64) * L                    # token index of this row's position 0
 
         # ---- q block, rotated in fp32 and rounded to the storage dtype (as rope_qk writes it)
         m_ok = offs_m < L
         qm = m_ok[:, None] & d_ok[None, :]
         q_base = qkv_ptr + (row0 + offs_m)[:, None] * STRIDE + h * HD
-        x = tl.load(q_base + offs_d[None, :], mask=qm, other=0.0).to(tl.float32)
-        xr = tl.load(q_base + rot_d[None, :], mask=qm, other=0.0).to(tl.float32)
-        t_off = offs_m[:, None] * HD
-        c = tl.load(cos_ptr + t_off + offs_d[None, :], mask=qm, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + t_off + offs_d[None, :], mask=qm, other=0.0).to(tl.float32)
-        q = (x * c + (sign[None, :] * xr) * s).to(dt)
+        if ROPE:
+            x = tl.load(q_base + offs_d[None, :], mask=qm, other=0.0).to(tl.float32)
+            xr = tl.load(q_base + rot_d[None, :], mask=qm, other=0.0).to(tl.float32)
+            t_off = offs_m[:, None] * HD
+            c = tl.load(cos_ptr + t_off + offs_d[None, :], mask=qm, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + t_off + offs_d[None, :], mask=qm, other=0.0).to(tl.float32)
+            q = (x * c + (sign[None, :] * xr) * s).to(dt)
+        else:
+            q = tl.load(q_base + offs_d[None, :], mask=qm, other=0.0)
 
         # ---- the key range that holds every attended key of these query rows
         if SLIDING:
@@ -142,7 +160,10 @@ def _kernel():
             n_keys = n_len
         else:
             lo = n_len * 0                           # an int32 scalar like hi (the while form carries it)
-            n_keys = tl.maximum(n_len, 1)            # a row of length 0 attends key 0 (finite output)
+            if VARLEN:
+                n_keys = n_len                       # an empty slot (spare blocks): no key, no work, nothing stored
+            else:
+                n_keys = tl.maximum(n_len, 1)        # a row of length 0 attends key 0 (finite output)
             hi = n_keys
 
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)   # finite: a fully masked block gives p = 0, not NaN
@@ -152,7 +173,7 @@ def _kernel():
             for n0 in range(lo, hi, BLOCK_N):
                 acc, m_i, l_i = _key_block(qkv_ptr, cos_ptr, sin_ptr, q, acc, m_i, l_i, n0, row0, h, offs_m, offs_d,
                                            d_ok, rot_d, sign, L, n_keys, window, qk_scale,
-                                           H, HD, BLOCK_N, SLIDING, IEEE)
+                                           H, HD, BLOCK_N, SLIDING, IEEE, ROPE)
         else:
             # the same loop as a while: Triton's CPU interpreter cannot take a runtime bound in range()
             # (its scalars are 1-element numpy arrays, which numpy 2 refuses as an index)
@@ -160,7 +181,7 @@ def _kernel():
             while n0 < hi:
                 acc, m_i, l_i = _key_block(qkv_ptr, cos_ptr, sin_ptr, q, acc, m_i, l_i, n0, row0, h, offs_m, offs_d,
                                            d_ok, rot_d, sign, L, n_keys, window, qk_scale,
-                                           H, HD, BLOCK_N, SLIDING, IEEE)
+                                           H, HD, BLOCK_N, SLIDING, IEEE, ROPE)
                 n0 += BLOCK_N
 
         l_i = tl.where(l_i > 0.0, l_i, 1.0)          # only rows i >= L (never stored) can have no key
@@ -227,10 +248,47 @@ def attention(qkv, cos, sin, lengths, B: int, L: int, heads: int, window: int, s
         out = torch.empty((n, heads * hd), dtype=qkv.dtype, device=qkv.device)
     grid = (triton.cdiv(L, block_m), B * heads)
     stages = num_stages or _num_stages(grid[0] * grid[1], qkv.device)
-    kernel[grid](qkv, cos, sin, lengths, out, L, int(window) if sliding else 0, float(scale) * _LOG2E,
+    kernel[grid](qkv, cos, sin, lengths, lengths, lengths, lengths, out, L, int(window) if sliding else 0,
+                 float(scale) * _LOG2E,
                  H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
                  SLIDING=bool(sliding), IEEE=qkv.dtype == torch.float32,
                  FOR_LOOP=(loop or ("while" if _interpreted() else "for")) == "for",
+                 VARLEN=False, ROPE=True, num_warps=num_warps, num_stages=stages)
+    return out
+
+
+def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int, window: int, sliding: bool,
+                     scale: float, rope: bool = True, out=None, num_warps: int = 4):
+    """One layer's attention over packed rows (segments of one flat token stream), [N, H*hd].
+
+    Each segment attends only within itself (block-diagonal), its positions counted from its own
+    first token, so a packed batch computes what the same rows padded one per row compute, without
+    the padding. qkv: [N, 3*H*hd] contiguous; starts/lengths: int32 per segment; blk_seg/blk_m0: int32
+    block table (`packing.block_table`), one entry per BLOCK_M-query block of a segment, spare
+    entries pointing at a segment of length 0. Tokens in no segment (the bucket's tail) get no
+    output: their rows of `out` are left as they were. rope=False skips the rotation (the decision
+    head's layers, which use no positions; cos/sin are then ignored)."""
+    import torch
+    triton, kernel = _kernel()
+    n, width = qkv.shape
+    hd = width // (3 * heads)
+    if width != 3 * heads * hd or hd % 2 or hd > 128:
+        raise ValueError("attention_packed: qkv %s does not fit heads=%d (hd even, <= 128)" % (tuple(qkv.shape), heads))
+    if not qkv.is_contiguous():
+        raise ValueError("attention_packed: qkv must be contiguous")
+    if cos is None:
+        cos = sin = qkv                       # never read (ROPE=False)
+    if out is None:
+        out = torch.empty((n, heads * hd), dtype=qkv.dtype, device=qkv.device)
+    grid = (blk_seg.shape[0], heads)
+    # pipelining depth by the real work (one program per BLOCK_M tokens a head), not the grid: the
+    # spare blocks of a bucket end at once and would tip a one-wave grid into the 2-stage choice
+    stages = _num_stages(triton.cdiv(n, BLOCK_M) * heads, qkv.device)
+    kernel[grid](qkv, cos, sin, lengths, starts, blk_seg, blk_m0, out, 0, int(window) if sliding else 0,
+                 float(scale) * _LOG2E,
+                 H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                 SLIDING=bool(sliding), IEEE=qkv.dtype == torch.float32,
+                 FOR_LOOP=not _interpreted(), VARLEN=True, ROPE=bool(rope),
                  num_warps=num_warps, num_stages=stages)
     return out
 

@@ -23,6 +23,9 @@ from typing import Callable, Hashable
 import numpy as np
 
 from laya_grpc.errors import Kind, LayaError
+from laya_grpc.packed_rows import PackedRows
+
+from .packing import FIELDS, fill
 
 # int64 fields laid end to end in one host buffer and one device buffer, in this order
 _FIELDS_SEQ = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
@@ -258,3 +261,91 @@ class _Captured:
     host_views: dict      # numpy views of host_in by field
     out: object           # device float32 [rows, markers + n_act]; the graph writes it
     host_out: object      # pinned twin of out
+    step: object = None   # PackedForward: the forward itself (run eagerly when there is no graph)
+
+
+class PackedForward:
+    """The torch model over packed rows (packing.py): rows in, (logits [n, K], act [n, n_act]) out.
+
+    graphs=True (CUDA): one captured graph per packed bucket in a bounded cache, fed like
+    CudaGraphForward (one int32 host->device copy, one replay, one device->host copy, one sync).
+    graphs=False runs `forward_packed` eagerly on the same filled buffers (any device where the
+    fused kernels run: the CPU tests, through Triton's interpreter)."""
+
+    def __init__(self, model, device, plan, graphs: bool = True, capacity: int = 96):
+        import torch
+        self._torch = torch
+        self.model, self.dev, self.plan, self.graphs = model, device, plan, graphs
+        self.n_act = model.spec.n_act
+        model.prepare_rope(plan.max_row_tokens)   # one table per theta, read by every graph
+        if graphs:
+            self._pool = torch.cuda.graph_pool_handle()
+            self._stream = torch.cuda.Stream(device=device)
+        self.cache = GraphCache(capacity, self._build, self._release)
+
+    def _build(self, b):
+        torch = self._torch
+        n_in = sum(b.sizes().values())
+        pinned = self.dev.type == "cuda"
+        host_in = torch.zeros(n_in, dtype=torch.int32, pin_memory=pinned)
+        dev_in = torch.zeros(n_in, dtype=torch.int32, device=self.dev)
+        hv = b.views(host_in.numpy())
+        dv = b.views(dev_in)
+        width = b.markers + self.n_act
+        out = torch.empty(b.segments, width, dtype=torch.float32, device=self.dev)
+        host_out = torch.empty(b.segments, width, dtype=torch.float32, pin_memory=pinned)
+
+        def step():
+            logits, act = self.model.forward_packed(*(dv[k] for k in FIELDS), max_len=self.plan.max_row_tokens)
+            out[:, : b.markers].copy_(logits)
+            out[:, b.markers:].copy_(act)
+
+        entry = _Captured(b, None, host_in, dev_in, hv, out, host_out, step)
+        if not self.graphs:
+            return entry
+        # a valid dummy batch for the warm-up and capture passes: every slot empty, spare blocks only
+        fill(hv, PackedRows.from_rows([]), b, 0)
+        dev_in.copy_(host_in)
+        s = self._stream
+        s.wait_stream(torch.cuda.current_stream(self.dev))
+        with torch.inference_mode(), torch.cuda.stream(s):
+            step()   # kernels, library handles and workspaces are set up outside the capture
+        torch.cuda.current_stream(self.dev).wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool, stream=s):
+            step()
+        torch.cuda.synchronize(self.dev)
+        entry.graph = graph
+        return entry
+
+    @staticmethod
+    def _release(entry) -> None:
+        if entry.graph is not None:
+            entry.graph.reset()
+
+    def warm(self, buckets: list) -> None:
+        for b in buckets:
+            self.cache.get(b)
+
+    def forward(self, rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """One bucket's worth of rows (PackedPlan.split) -> (logits [n, K bucket], act [n, n_act])."""
+        n = rows.n
+        b = self.plan.bucket(n, len(rows.ids), int(rows.marker_counts.max()) if n else 1)
+        c = self.cache.get(b)
+        fill(c.host_views, rows, b, pad_id)
+        torch = self._torch
+        if c.graph is None:
+            c.dev_in.copy_(c.host_in)
+            with torch.inference_mode():
+                c.step()
+            c.host_out.copy_(c.out)
+        else:
+            c.dev_in.copy_(c.host_in, non_blocking=True)
+            c.graph.replay()
+            c.host_out.copy_(c.out, non_blocking=True)
+            torch.cuda.current_stream(self.dev).synchronize()
+        res = c.host_out.numpy()
+        return res[:n, : b.markers].copy(), res[:n, b.markers:].copy()
+
+    def close(self) -> None:
+        self.cache.clear()

@@ -229,4 +229,7 @@ def _warm(runner, ckpt, pad_id: int) -> None:
         if getattr(ckpt, "option_layout", "sequential") == "parallel":
             rows.position_ids = np.tile(np.arange(t, dtype=np.int32), r)
             rows.option_ids = np.zeros_like(rows.ids)
-        runner.forward(rows.pad(pad_id, pad_to=-(-t // 8) * 8))
+        if getattr(runner, "packing", None) is not None:
+            runner.run_rows(rows, pad_id)
+        else:
+            runner.forward(rows.pad(pad_id, pad_to=-(-t // 8) * 8))

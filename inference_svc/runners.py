@@ -65,7 +65,8 @@ class TorchRunner:
     backend = "torch"
 
     def __init__(self, ckpt_dir: str, device: str, dtype: Optional[str], max_rows: int = 256,
-                 max_batch_tokens: int = 16384, graphs: bool = True, cuda_kernels: str = "auto"):
+                 max_batch_tokens: int = 16384, graphs: bool = True, cuda_kernels: str = "auto",
+                 pack_rows: str = "auto"):
         import torch
         from inference_svc.torch_model import LayaTorch
         self._torch = torch
@@ -81,12 +82,21 @@ class TorchRunner:
         self._dev = torch.device(device)
         self.max_batch_tokens = max_batch_tokens
         self.graphs = None
-        if graphs and self._dev.type == "cuda":
+        self.packing = None        # a PackedPlan while rows are packed (packing.py), else padded buckets
+        cfg = read_json_object(os.path.join(ckpt_dir, "rl_agent_config.json"))
+        parallel = cfg.get("option_layout", "sequential") == "parallel"
+        max_len = int(cfg.get("max_len", 512))
+        pack = resolve_pack_rows(pack_rows, graphs and self._dev.type == "cuda", self.kernels, parallel)
+        if pack:
+            from inference_svc.cuda_graphs import PackedForward
+            from inference_svc.packing import PackedPlan
+            self.packing = PackedPlan(max_rows=max_rows, max_row_tokens=max_len, max_batch_tokens=max_batch_tokens)
+            self.graphs = PackedForward(self.model, self._dev, self.packing, graphs=graphs and self._dev.type == "cuda")
+            self.max_positions = max_len
+        elif graphs and self._dev.type == "cuda":
             from inference_svc.cuda_graphs import BucketPlan, CudaGraphForward
-            cfg = read_json_object(os.path.join(ckpt_dir, "rl_agent_config.json"))
-            plan = BucketPlan(max_rows=max_rows, max_tokens=int(cfg.get("max_len", 512)))
-            self.graphs = CudaGraphForward(self.model, self._dev, plan,
-                                           parallel=cfg.get("option_layout", "sequential") == "parallel")
+            plan = BucketPlan(max_rows=max_rows, max_tokens=max_len)
+            self.graphs = CudaGraphForward(self.model, self._dev, plan, parallel=parallel)
             # the graphs and the RoPE tables they read are sized for the checkpoint's max_len; a longer
             # row (a per-request max_len above it) is refused per request by the inference service
             self.max_positions = plan.max_tokens
@@ -94,26 +104,53 @@ class TorchRunner:
     def warm(self) -> int:
         """Capture the CUDA graph of every bucket a batch within the token budget can use (before
         ready; the batcher keeps batches within that budget); returns how many graphs are resident."""
-        if self.graphs is None:
+        if self.graphs is None or (self.packing is not None and not self.graphs.graphs):
             return 0
-        buckets = self.graphs.plan.warm_buckets(self.max_batch_tokens)
+        buckets = (self.packing.warm_buckets() if self.packing is not None
+                   else self.graphs.plan.warm_buckets(self.max_batch_tokens))
         t0 = time.perf_counter()
         self.graphs.warm(buckets[:1])   # the first capture also compiles/loads the kernels: timed apart
         t1 = time.perf_counter()
         self.graphs.warm(buckets[1:])
         t2 = time.perf_counter()
-        log.info("captured %d CUDA graphs in %.0f ms (the first, with kernel compiles, %.0f ms; %s kernels)",
-                 len(buckets), (t2 - t0) * 1e3, (t1 - t0) * 1e3, self.kernels)
+        log.info("captured %d CUDA graphs in %.0f ms (the first, with kernel compiles, %.0f ms; %s kernels, %s rows)",
+                 len(buckets), (t2 - t0) * 1e3, (t1 - t0) * 1e3, self.kernels,
+                 "packed" if self.packing is not None else "padded")
         return len(self.graphs.cache)
 
-    def padded_tokens(self, rows: int, tokens: int) -> int:
-        """What a batch really costs on this runner once padded to its bucket (the batcher's budget)."""
+    def batch_cost(self, rows: int, longest: int, total: int) -> int:
+        """Tokens a batch really costs on this runner (the batcher's budget): packed, its real tokens
+        rounded up to a token bucket; padded, rows x its longest row rounded up to a bucket."""
+        if self.packing is not None:
+            return self.packing.round_tokens(total)
         if self.graphs is None:
-            return rows * tokens
-        b = self.graphs.plan.bucket(min(rows, self.graphs.plan.max_rows), min(tokens, self.graphs.plan.max_tokens), 1)
+            return rows * longest
+        b = self.graphs.plan.bucket(min(rows, self.graphs.plan.max_rows), min(longest, self.graphs.plan.max_tokens), 1)
         return b.rows * b.tokens * -(-rows // b.rows)
 
+    def run_rows(self, rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """(logits float32 [n, K], act_logits [n, n_act]) for token rows, K >= every row's marker count;
+        packed in as few forwards as the plan allows, else padded like upstream's collate."""
+        if self.packing is None:
+            return self.forward(rows.pad(pad_id))
+        K = max(1, int(rows.marker_counts.max())) if rows.n else 1
+        logits = np.full((rows.n, K), -1e4, dtype=np.float32)
+        act = np.empty((rows.n, self.n_act), dtype=np.float32)
+        for part in self.packing.split(rows):
+            lg, ac = self.graphs.forward(rows.take(part), pad_id)
+            k = min(K, lg.shape[1])
+            logits[part.start: part.stop, :k] = lg[:, :k]
+            act[part.start: part.stop] = ac
+        return logits, act
+
     def forward(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
+        if self.packing is not None:      # a padded batch from a caller that holds one: packed all the same
+            from inference_svc.packing import rows_from_padded
+            lg, ac = self.run_rows(rows_from_padded(batch), pad_id=0)
+            K = batch["marker_pos"].shape[1]
+            out = np.full((lg.shape[0], K), -1e4, dtype=np.float32)
+            out[:, : min(K, lg.shape[1])] = lg[:, :K]
+            return out, ac
         if self.graphs is not None:
             n, step = batch["input_ids"].shape[0], self.graphs.plan.max_rows
             if n <= step:
@@ -147,6 +184,22 @@ class TorchRunner:
             torch.cuda.empty_cache()
 
 
+PACK_ROWS = ("auto", "on", "off")
+
+
+def resolve_pack_rows(requested: str, cuda_graphs: bool, kernels: str, parallel: bool) -> bool:
+    """Whether a torch runner packs rows (packing.py): auto packs wherever it can (CUDA graphs of the
+    fused kernels, sequential option layout), on insists and says why it cannot, off keeps padding."""
+    if requested not in PACK_ROWS:
+        raise LayaError(Kind.INVALID, "--pack-rows must be one of %s, got %r" % ("|".join(PACK_ROWS), requested))
+    why = ("it needs the fused CUDA kernels (this runner has %s)" % kernels if kernels != "fused"
+           else "the parallel option layout is not packed" if parallel
+           else "it needs CUDA graphs" if not cuda_graphs else "")
+    if requested == "on" and why:
+        raise LayaError(Kind.INVALID, "--pack-rows on: " + why)
+    return requested != "off" and not why
+
+
 class MlxRunner:
     backend = "mlx"
     kernels = "mlx"
@@ -164,6 +217,9 @@ class MlxRunner:
     def forward(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
         return self.model.forward(**batch)
 
+    def run_rows(self, rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.forward(rows.pad(pad_id))
+
     def device(self) -> str:
         return self.model.device          # "mlx:gpu" or "mlx:cpu", from MLX itself
 
@@ -175,11 +231,11 @@ class MlxRunner:
 
 
 def load_runner(ckpt_dir: str, backend: str, device: str, dtype: Optional[str], max_rows: int = 256,
-                max_batch_tokens: int = 16384, cuda_kernels: str = "auto"):
+                max_batch_tokens: int = 16384, cuda_kernels: str = "auto", pack_rows: str = "auto"):
     t0 = time.perf_counter()
     runner = (MlxRunner(ckpt_dir, device, dtype) if backend == "mlx"
               else TorchRunner(ckpt_dir, device, dtype, max_rows=max_rows, max_batch_tokens=max_batch_tokens,
-                               cuda_kernels=cuda_kernels))
+                               cuda_kernels=cuda_kernels, pack_rows=pack_rows))
     log.info("loaded %s on %s/%s (%s kernels) in %.0f ms", ckpt_dir, runner.device(), runner.dtype(), runner.kernels,
              (time.perf_counter() - t0) * 1e3)
     return runner

@@ -129,7 +129,7 @@ async def serve(settings: InferenceSettings) -> int:
     registry = Registry(settings.checkpoints, settings.backend, pick, settings.dtype, settings.max_loaded,
                         settings.warmup, batcher.run_on_device, feed.bump,
                         runner_options={"max_rows": settings.max_batch_rows, "max_batch_tokens": settings.max_batch_tokens,
-                                        "cuda_kernels": settings.cuda_kernels})
+                                        "cuda_kernels": settings.cuda_kernels, "pack_rows": settings.pack_rows})
     registry_ref["r"] = registry
     servicer = InferenceServicer(registry, batcher, feed, settings)
     srv = rpc.server()

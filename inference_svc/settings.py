@@ -26,6 +26,7 @@ class InferenceSettings:
     metrics: str | None = None
     keep_warm_s: float = 0.0
     cuda_kernels: str = "auto"
+    pack_rows: str = "auto"
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "InferenceSettings":
@@ -35,7 +36,7 @@ class InferenceSettings:
                    preload=list(a.preload or []), max_batch_tokens=a.max_batch_tokens,
                    max_batch_rows=a.max_batch_rows, max_wait_ms=a.max_wait_ms, warmup=not a.no_warmup,
                    metrics=getattr(a, "metrics", None), keep_warm_s=a.keep_warm_s,
-                   cuda_kernels=a.cuda_kernels)
+                   cuda_kernels=a.cuda_kernels, pack_rows=a.pack_rows)
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -84,5 +85,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    "the GELU gate as one Triton kernel each and adds residuals in the GEMMs, about a third of the "
                    "reference's launches; reference follows transformers op for op. Both are checked against CPU "
                    "fp32 (docs/performance.md); auto without Triton logs a warning and /health shows the kernels")
+    flags.add(p, "--pack-rows", env="LAYA_PACK_ROWS", default="auto", choices=["auto", "on", "off"],
+              help="CUDA graphs of the fused kernels only: lay the rows of a batch end to end in one token stream "
+                   "(each row attends only within itself) instead of padding every row to the longest. A batch then "
+                   "costs its real tokens, and one graph per token bucket replaces one per rows x tokens pair (fewer "
+                   "captures at start-up). auto packs wherever it can (not the parallel option layout); on refuses to "
+                   "start where it cannot; off keeps the padded buckets (for A/B measurement)")
     flags.add(p, "--no-warmup", env="LAYA_NO_WARMUP", action="store_true",
               help="skip warmup forwards (first requests will be slow); for debugging only")

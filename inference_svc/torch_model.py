@@ -294,49 +294,98 @@ class LayaTorch(nn.Module):
             raise LayaError(Kind.INVALID, "attn_impl must be one of triton, sdpa; got %r" % (self.attn_impl,))
         if self.add_norm not in ("triton", "addmm"):
             raise LayaError(Kind.INVALID, "add_norm must be one of triton, addmm; got %r" % (self.add_norm,))
-        fused_norm = self.add_norm == "triton"
-        emb = enc.embeddings.tok_embeddings(input_ids).view(N, d)
-        norm = enc.embeddings.norm
-        x = ck.layer_norm(emb, norm.weight, norm.eps) if fused_norm else norm(emb)
-        y = x            # Wqkv's input; layer 0 has no attn_norm (the embedding norm already ran)
         one_kernel = position_ids is None and self.attn_impl == "triton"
         if one_kernel:
             from inference_svc import cuda_attention as ca
             lengths = ca.lengths_of(attention_mask)                              # [B] int32, on the device
         else:
-            bias = {kind: torch.zeros(m.shape, dtype=dtype, device=x.device).masked_fill_(~m, float("-inf"))
+            bias = {kind: torch.zeros(m.shape, dtype=dtype, device=input_ids.device).masked_fill_(~m, float("-inf"))
                     for kind, m in self._masks(attention_mask, position_ids, option_ids, L).items()}
-        tables = {kind: self._rope(spec.rope_theta[kind], L, x.device, dtype) for kind in set(spec.layer_types)}
+        tables = {kind: self._rope(spec.rope_theta[kind], L, input_ids.device, dtype) for kind in set(spec.layer_types)}
         pos = None if position_ids is None else position_ids.contiguous()
         scale = hd ** -0.5
+
+        def attend(qkv, kind):
+            if one_kernel:
+                return ca.attention(qkv, *tables[kind], lengths, B, L, H, spec.sliding_window, kind == SLIDING, scale)
+            qk = ck.rope_qk(qkv, *tables[kind], pos, B, L, H)            # [2, N, H, hd]
+            q = qk[0].view(B, L, H, hd).transpose(1, 2)
+            k = qk[1].view(B, L, H, hd).transpose(1, 2)
+            v = qkv.view(B, L, 3, H, hd)[:, :, 2].transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[kind], scale=scale)
+            return a.transpose(1, 2).reshape(N, d)
+
         with sdpa_kernel(self.attn_backends) if self.attn_backends and not one_kernel else contextlib.nullcontext():
-            for i, (layer, kind) in enumerate(zip(enc.layers, spec.layer_types)):
-                if not fused_norm:
-                    y = x if layer.attn_norm is None else layer.attn_norm(x)
-                qkv = layer.attn.Wqkv(y)                                           # [N, 3d]
-                if one_kernel:
-                    a = ca.attention(qkv, *tables[kind], lengths, B, L, H, spec.sliding_window,
-                                     kind == SLIDING, scale)                       # [N, d]
+            return self._fused_stack(input_ids.reshape(N), attend).view(B, L, d)
+
+    def _fused_stack(self, ids, attend) -> torch.Tensor:
+        """The encoder's layers over a flat token stream ids [N] -> final hidden states [N, d]: every
+        step is per token except `attend(qkv [N, 3d], layer kind) -> [N, d]`, which the padded and the
+        packed forwards supply (encode_fused, forward_packed)."""
+        from inference_svc import cuda_kernels as ck
+        enc = self.encoder
+        fused_norm = self.add_norm == "triton"
+        emb = enc.embeddings.tok_embeddings(ids)
+        norm = enc.embeddings.norm
+        x = ck.layer_norm(emb, norm.weight, norm.eps) if fused_norm else norm(emb)
+        y = x            # Wqkv's input; layer 0 has no attn_norm (the embedding norm already ran)
+        for i, (layer, kind) in enumerate(zip(enc.layers, self.spec.layer_types)):
+            if not fused_norm:
+                y = x if layer.attn_norm is None else layer.attn_norm(x)
+            a = attend(layer.attn.Wqkv(y), kind)                             # [N, d]
+            if fused_norm:
+                # x += a Wo^T in place, y = mlp_norm(x); then x += MLP(y), y = the next norm of x
+                x, y = ck.add_layer_norm(x, layer.attn.Wo(a), layer.mlp_norm.weight, layer.mlp_norm.eps)
+                o = layer.mlp.Wo(ck.gelu_gate(layer.mlp.Wi(y)))
+                nxt = enc.layers[i + 1].attn_norm if i + 1 < len(enc.layers) else enc.final_norm
+                if nxt is None:                               # an identity norm (ModernBERT: layer 0's only)
+                    x = y = x.add_(o)
                 else:
-                    qk = ck.rope_qk(qkv, *tables[kind], pos, B, L, H)            # [2, N, H, hd]
-                    q = qk[0].view(B, L, H, hd).transpose(1, 2)
-                    k = qk[1].view(B, L, H, hd).transpose(1, 2)
-                    v = qkv.view(B, L, 3, H, hd)[:, :, 2].transpose(1, 2)
-                    a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[kind], scale=scale)
-                    a = a.transpose(1, 2).reshape(N, d)
-                if fused_norm:
-                    # x += a Wo^T in place, y = mlp_norm(x); then x += MLP(y), y = the next norm of x
-                    x, y = ck.add_layer_norm(x, layer.attn.Wo(a), layer.mlp_norm.weight, layer.mlp_norm.eps)
-                    o = layer.mlp.Wo(ck.gelu_gate(layer.mlp.Wi(y)))
-                    nxt = enc.layers[i + 1].attn_norm if i + 1 < len(enc.layers) else enc.final_norm
-                    if nxt is None:                               # an identity norm (ModernBERT: layer 0's only)
-                        x = y = x.add_(o)
-                    else:
-                        x, y = ck.add_layer_norm(x, o, nxt.weight, nxt.eps)
-                else:
-                    x = torch.addmm(x, a, layer.attn.Wo.weight.t())
-                    x = torch.addmm(x, ck.gelu_gate(layer.mlp.Wi(layer.mlp_norm(x))), layer.mlp.Wo.weight.t())
-        return (y if fused_norm else enc.final_norm(x)).view(B, L, d)
+                    x, y = ck.add_layer_norm(x, o, nxt.weight, nxt.eps)
+            else:
+                x = torch.addmm(x, a, layer.attn.Wo.weight.t())
+                x = torch.addmm(x, ck.gelu_gate(layer.mlp.Wi(layer.mlp_norm(x))), layer.mlp.Wo.weight.t())
+        return y if fused_norm else enc.final_norm(x)
+
+    def forward_packed(self, ids, tok_qtype, starts, lengths, blk_seg, blk_m0, marker_pos, marker_mask,
+                       max_len: int):
+        """`forward` over packed rows (inference_svc/packing.py): rows laid end to end in one token
+        stream, each a segment that attends only within itself, positions from its own start.
+
+        ids, tok_qtype [T]; starts, lengths [S+1] (slot S empty); blk_seg, blk_m0: the attention block
+        table; marker_pos [S, K] (token indices in the stream), marker_mask [S, K]; all int32 on the
+        device. max_len: no segment is longer (the RoPE tables are read up to it). Returns (option
+        logits [S, K] fp32, act logits [S, n_act] fp32); spare slots give finite rows to discard.
+        The fused encoder's kernels, with the attention of encoder and decision head both block-
+        diagonal (cuda_attention.attention_packed); same function as `forward` on the padded rows up
+        to float rounding (tests/test_row_packing.py)."""
+        from inference_svc import cuda_attention as ca
+        spec = self.spec
+        H, hd, window = spec.heads, spec.head_dim, spec.sliding_window
+        dtype = self.encoder.embeddings.tok_embeddings.weight.dtype
+        tables = {kind: self._rope(spec.rope_theta[kind], max_len, ids.device, dtype) for kind in set(spec.layer_types)}
+        scale = hd ** -0.5
+
+        def attend(qkv, kind):
+            return ca.attention_packed(qkv, *tables[kind], starts, lengths, blk_seg, blk_m0, H, window,
+                                       kind == SLIDING, scale)
+
+        h = self._fused_stack(ids, attend)
+        h = h.to(self.type_emb.weight.dtype) + self.type_emb(tok_qtype)
+        if self.head is not None:
+            nh = spec.head_heads
+            d = h.shape[-1]
+            for layer in self.head.layers:
+                sa = layer.self_attn
+                qkv = F.linear(layer.norm1(h), sa.in_proj_weight, sa.in_proj_bias)
+                a = ca.attention_packed(qkv, None, None, starts, lengths, blk_seg, blk_m0, nh, 0, False,
+                                        (d // nh) ** -0.5, rope=False)
+                h = h + sa.out_proj(a)
+                h = h + layer.linear2(F.relu(layer.linear1(layer.norm2(h))))
+        S = marker_pos.shape[0]
+        logits = self.scorer(h[marker_pos.long()]).squeeze(-1).float()
+        logits = logits.masked_fill(~marker_mask.bool(), -1e4)
+        return logits, self._act(logits, marker_mask, h[starts[:S].long()])
 
     def _head_layer(self, layer: _HeadLayer, h: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         """One pre-norm nn.TransformerEncoderLayer step, on the kernel upstream's call reaches.
@@ -377,7 +426,10 @@ class LayaTorch(nn.Module):
         idx = marker_pos.clamp(min=0)[:, :, None].expand(-1, -1, h.size(-1))
         logits = self.scorer(torch.gather(h, 1, idx)).squeeze(-1).float()
         logits = logits.masked_fill(~marker_mask.bool(), -1e4)
+        return logits, self._act(logits, marker_mask, h[:, 0])
 
+    def _act(self, logits, marker_mask, cls) -> torch.Tensor:
+        """The act head: [CLS after the head layers, top1, top1 - top2, normalised entropy, k / 255]."""
         p = torch.softmax(logits, -1)
         k = marker_mask.sum(-1).clamp(min=2).float()
         ent = -(p * torch.log(p.clamp_min(1e-9))).sum(-1) / torch.log(k)
@@ -387,5 +439,5 @@ class LayaTorch(nn.Module):
         else:  # one option: upstream pads the missing second probability with 0
             top1, top2 = p[:, 0], torch.zeros_like(p[:, 0])
         feats = torch.stack([top1, top1 - top2, ent, k / 255.0], -1)
-        act_in = torch.cat([h[:, 0].float(), feats], -1).to(self.act_head[0].weight.dtype)
-        return logits, self.act_head(act_in).float()
+        act_in = torch.cat([cls.float(), feats], -1).to(self.act_head[0].weight.dtype)
+        return self.act_head(act_in).float()

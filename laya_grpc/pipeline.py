@@ -82,7 +82,7 @@ class Predictor:
              head_max_len: Optional[int]) -> list[dict[str, Any]]:
         encoded = self.encoder.encode_many(states, parsed, max_len=max_len, head_max_len=head_max_len)
         rows = [row for enc in encoded for row in enc.rows]
-        logits, act = self.runner.forward(PackedRows.from_rows(rows).pad(self.encoder.pad_id))
+        logits, act = self.runner.run_rows(PackedRows.from_rows(rows), self.encoder.pad_id)
         results, r = [], 0
         for enc in encoded:
             answers = {}

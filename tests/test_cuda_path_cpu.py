@@ -100,7 +100,7 @@ def test_batcher_budget_and_keep_warm(tiny_ckpt):
     from inference_svc.batcher import Batcher
     from inference_svc.runners import TorchRunner
     runner = TorchRunner(tiny_ckpt, "cpu", None)
-    assert runner.padded_tokens(3, 50) == 150   # eager CPU: no buckets, the batch's own size
+    assert runner.batch_cost(3, 50, 120) == 150   # eager CPU: no buckets, the batch's own size
     b = Batcher(lambda name: runner, lambda name: 0, keep_warm_s=0.05)
     b.start()
     try:

@@ -1,0 +1,256 @@
+"""Row packing (inference_svc/packing.py, cuda_attention.attention_packed, LayaTorch.forward_packed)
+on CPU, its Triton kernels through Triton's interpreter (TRITON_INTERPRET=1), the same kernel code
+the H200 runs.
+
+Packed rows must compute what the same rows padded one per row compute: the attention kernel per
+segment against the reference masks on that segment alone, the whole network's logits against
+the upstream-exact reference `forward` on the padded batch, and the runner and the batcher
+splitting big batches by the plan with unchanged answers. The plan and fill are checked for what
+the graphs rely on: every buffer element written, every query of every segment in exactly one
+attention block, buckets bounded.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import numpy as np
+import pytest
+
+_TRITON_ALREADY_IMPORTED = "triton" in sys.modules
+os.environ["TRITON_INTERPRET"] = "1"
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+if not isinstance(tl.max, InterpretedFunction):
+    raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set (imported already: %s): set "
+                       "TRITON_INTERPRET=1 in the environment" % _TRITON_ALREADY_IMPORTED)
+
+from inference_svc import cuda_attention as ca  # noqa: E402
+from inference_svc.cuda_graphs import PackedForward  # noqa: E402
+from inference_svc.packing import PackedBucket, PackedPlan, fill, rows_from_padded  # noqa: E402
+from inference_svc.registry import synthetic_rows  # noqa: E402
+from inference_svc.runners import TorchRunner, resolve_pack_rows  # noqa: E402
+from inference_svc.torch_model import LayaTorch  # noqa: E402
+from laya_grpc.errors import LayaError  # noqa: E402
+from laya_grpc.packed_rows import PackedRows  # noqa: E402
+from test_cuda_attention import _reference  # noqa: E402  (tests/ is on sys.path under pytest)
+from test_fused_encoder import _batch  # noqa: E402
+
+
+def _rows(lengths, markers=1, seed=0) -> PackedRows:
+    rng = np.random.default_rng(seed)
+    lengths = list(lengths)
+    m = [min(markers, n) for n in lengths]
+    return PackedRows(ids=rng.integers(5, 90, size=sum(lengths), dtype=np.int32),
+                      row_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+                      markers=np.concatenate([np.arange(k, dtype=np.int32) for k in m]) if m else np.zeros(0, np.int32),
+                      marker_offsets=np.concatenate([[0], np.cumsum(m)]).astype(np.int32),
+                      qtypes=(np.arange(len(lengths)) % 3).astype(np.int32))
+
+
+def _filled(rows: PackedRows, b: PackedBucket) -> dict:
+    flat = np.full(sum(b.sizes().values()), -7, dtype=np.int32)      # poisoned: fill must write every element
+    views = b.views(flat)
+    fill(views, rows, b, pad_id=3)
+    assert (flat != -7).all()
+    return views
+
+
+# ------------------------------------------------------------------------------ plan and fill
+
+def test_plan_buckets_rows_and_tokens():
+    plan = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=16384)
+    short = plan.bucket(1, 132, 3)
+    assert (short.tokens, short.markers) == (160, 8) and short.segments >= 1
+    many = plan.bucket(64, 64 * 132, 2)
+    assert many.tokens == 9216 and many.segments >= 64       # 8,448 real tokens: 9% padding, not 64 x 160
+    tiny_rows = plan.bucket(40, 400, 2)                        # rows shorter than 32 tokens: a bigger bucket
+    assert tiny_rows.segments >= 40 and tiny_rows.tokens >= 400
+    assert plan.bucket(1, 10, 20).markers == 32
+    with pytest.raises(LayaError, match="exceeds the graph plan"):
+        plan.bucket(1, plan.max_tokens + 1, 1)
+    with pytest.raises(LayaError, match="exceeds the graph plan"):
+        plan.bucket(257, 1000, 1)
+    warm = plan.warm_buckets()
+    assert len(warm) < 45 and warm[-1].tokens == plan.max_tokens == 16384
+    assert [b.tokens for b in warm] == sorted({b.tokens for b in warm})
+
+
+def test_split_keeps_every_part_within_budget_and_bucket():
+    plan = PackedPlan(max_rows=8, max_row_tokens=512, max_batch_tokens=600)
+    rows = _rows([500, 90, 30, 512, 5, 5, 5, 5, 5, 5, 5, 5, 200, 300])
+    parts = plan.split(rows)
+    assert [i for p in parts for i in p] == list(range(rows.n))    # contiguous, in order, all rows
+    for p in parts:
+        total = int(rows.lengths[p.start: p.stop].sum())
+        assert len(p) == 1 or total <= plan.max_batch_tokens
+        assert len(p) <= plan.max_rows
+        plan.bucket(len(p), total, 1)                              # a captured shape exists for it
+    assert len(parts) < rows.n                                     # and rows really share forwards
+
+
+@pytest.mark.parametrize("lengths", [(70, 1, 64, 130, 5), (9, 64, 65, 3, 1, 128, 40, 40, 40, 7, 200, 12)],
+                         ids=["few-rows", "many-rows"])
+def test_fill_covers_each_query_once_and_pads_safely(lengths):
+    rows = _rows(lengths, markers=3)
+    b = PackedPlan(max_rows=64, max_row_tokens=512, max_batch_tokens=1024).bucket(rows.n, len(rows.ids), 3)
+    v = _filled(rows, b)
+    total = len(rows.ids)
+    assert (v["ids"][:total] == rows.ids).all() and (v["ids"][total:] == 3).all()
+    covered = np.zeros(total, dtype=int)
+    for s, m0 in zip(v["blk_seg"], v["blk_m0"]):
+        if s == b.segments:
+            assert v["lengths"][s] == 0            # spare blocks point at the empty slot
+            continue
+        start, n = v["starts"][s], v["lengths"][s]
+        covered[start + m0: start + min(m0 + b.block_m, n)] += 1
+    assert (covered == 1).all()
+    assert (v["lengths"][rows.n:] == 0).all()
+    # markers as stream indices, their rows' qtype on every token
+    for i in range(rows.n):
+        a = int(rows.row_offsets[i])
+        got = v["marker_pos"][i][v["marker_mask"][i] == 1]
+        assert (got == a + rows.markers[rows.marker_offsets[i]: rows.marker_offsets[i + 1]]).all()
+        assert (v["tok_qtype"][a: a + int(rows.lengths[i])] == rows.qtypes[i]).all()
+
+
+def test_rows_from_padded_round_trips():
+    rows = _rows([7, 20, 3], markers=2)
+    back = rows_from_padded(rows.pad(0, pad_to=32))
+    for f in ("ids", "row_offsets", "markers", "marker_offsets", "qtypes"):
+        assert (getattr(back, f) == getattr(rows, f)).all(), f
+
+
+def test_pack_rows_choice_is_explicit():
+    assert resolve_pack_rows("auto", True, "fused", False) is True
+    assert resolve_pack_rows("auto", True, "fused", True) is False          # parallel layout: padded
+    assert resolve_pack_rows("auto", False, "reference", False) is False
+    assert resolve_pack_rows("off", True, "fused", False) is False
+    with pytest.raises(LayaError, match="parallel option layout"):
+        resolve_pack_rows("on", True, "fused", True)
+    with pytest.raises(LayaError, match="fused CUDA kernels"):
+        resolve_pack_rows("on", True, "reference", False)
+    with pytest.raises(LayaError, match="must be one of"):
+        resolve_pack_rows("yes", True, "fused", False)
+
+
+# ------------------------------------------------------------------------------ the kernel
+
+KERNEL_CASES = [
+    # lengths, H, hd, window, dtype
+    ((70, 1, 33, 130, 5), 2, 16, 8, torch.float32),
+    ((64, 65, 2), 3, 12, 100, torch.float32),
+    ((131, 40), 1, 64, 64, torch.float32),
+    ((50, 130, 7), 2, 16, 16, torch.float16),
+]
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+@pytest.mark.parametrize("mode", ["full", "sliding", "full-norope"])
+@pytest.mark.parametrize("lengths,H,hd,window,dtype", KERNEL_CASES)
+def test_packed_attention_equals_each_row_alone(lengths, H, hd, window, dtype, mode):
+    rows = _rows(lengths)
+    b = PackedPlan(max_rows=64, max_row_tokens=512, max_batch_tokens=4096).bucket(rows.n, len(rows.ids), 1)
+    v = {k: torch.from_numpy(x.copy()) for k, x in _filled(rows, b).items()}
+    g = torch.Generator().manual_seed(sum(lengths) + hd)
+    qkv = torch.randn(b.tokens, 3 * H * hd, generator=g).to(dtype)
+    cos, sin = (torch.randn(max(lengths) + 3, hd, generator=g).to(dtype) for _ in range(2))
+    rope, sliding = mode != "full-norope", mode == "sliding"
+    if not rope:     # the reference with an identity rotation: cos 1, sin 0
+        cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
+    out = torch.full((b.tokens, H * hd), float("nan"), dtype=dtype)
+    got = ca.attention_packed(qkv, cos if rope else None, sin if rope else None, v["starts"], v["lengths"],
+                              v["blk_seg"], v["blk_m0"], H, window, sliding, hd ** -0.5, rope=rope, out=out)
+    total = len(rows.ids)
+    assert got is out and torch.isfinite(got[:total]).all()
+    assert torch.isnan(got[total:]).all()          # the bucket's tail belongs to no segment: never written
+    for i, n in enumerate(lengths):
+        a = int(rows.row_offsets[i])
+        ref = _reference(qkv[a: a + n].contiguous(), cos, sin, torch.tensor([n], dtype=torch.int32), 1, n, H,
+                         window, sliding, hd ** -0.5)
+        torch.testing.assert_close(got[a: a + n].float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_packed_attention_never_reads_another_segment():
+    """Poison every token outside one segment: its output must not change (block-diagonal)."""
+    rows = _rows([40, 90, 30])
+    b = PackedPlan(max_rows=64, max_row_tokens=512, max_batch_tokens=4096).bucket(rows.n, len(rows.ids), 1)
+    v = {k: torch.from_numpy(x.copy()) for k, x in _filled(rows, b).items()}
+    H, hd = 2, 16
+    qkv = torch.randn(b.tokens, 3 * H * hd, generator=torch.Generator().manual_seed(3))
+    cos, sin = torch.randn(128, hd), torch.randn(128, hd)
+    args = (v["starts"], v["lengths"], v["blk_seg"], v["blk_m0"], H, 8)
+    clean = ca.attention_packed(qkv, cos, sin, *args, False, 0.25)
+    poisoned = qkv.clone()
+    poisoned[:40] = float("nan")
+    poisoned[130:] = float("nan")
+    got = ca.attention_packed(poisoned, cos, sin, *args, False, 0.25)
+    torch.testing.assert_close(got[40:130], clean[40:130], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------ the network
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-ml"])
+def test_forward_packed_equals_reference_forward(preset, tiny_ckpt, tiny_ml_ckpt):
+    """Whole network, real tokenized rows (two states x two questions, one row past a key block and
+    the window): packed logits and act logits against the upstream-exact padded `forward`, fp32."""
+    path = {"tiny": tiny_ckpt, "tiny-ml": tiny_ml_ckpt}[preset]
+    b = _batch(path)
+    model = LayaTorch.from_checkpoint(path)
+    args = (b["input_ids"], b["attention_mask"], b["marker_pos"], b["marker_mask"], b["qtype"])
+    with torch.inference_mode():
+        ref_logits, ref_act = model(*args)
+    model.use_fused_kernels()
+    rows = rows_from_padded({k: t.numpy() for k, t in b.items()})
+    assert int(rows.lengths.max()) > ca.BLOCK_N + model.spec.sliding_window
+    plan = PackedPlan(max_rows=16, max_row_tokens=512, max_batch_tokens=4096)
+    logits, act = PackedForward(model, torch.device("cpu"), plan, graphs=False).forward(rows, pad_id=0)
+    K = ref_logits.shape[1]
+    mask = b["marker_mask"].numpy().astype(bool)
+    np.testing.assert_allclose(logits[:, :K][mask], ref_logits.numpy()[mask], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(act, ref_act.numpy(), atol=1e-4, rtol=1e-4)
+    assert float(np.abs(ref_logits.numpy()[mask]).max()) > 0.5     # a real spread, not a degenerate output
+
+
+def _packed_cpu_runner(path: str, max_batch_tokens: int) -> TorchRunner:
+    """The CUDA runner's packed path on CPU: same plan, same fill, forward_packed run eagerly instead of
+    replayed from a graph (graphs need CUDA; the kernels run in Triton's interpreter)."""
+    runner = TorchRunner(path, "cpu", None, max_batch_tokens=max_batch_tokens)
+    assert runner.packing is None                                  # auto never packs off CUDA
+    runner.model.use_fused_kernels()
+    runner.packing = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=max_batch_tokens)
+    runner.graphs = PackedForward(runner.model, torch.device("cpu"), runner.packing, graphs=False)
+    return runner
+
+
+def test_runner_and_batcher_pack_and_split_with_unchanged_answers(tiny_ckpt):
+    from inference_svc.batcher import Batcher
+    ref = TorchRunner(tiny_ckpt, "cpu", None)
+    runner = _packed_cpu_runner(tiny_ckpt, max_batch_tokens=160)
+    jobs = [synthetic_rows(r, t, m, ref.vocab_size, seed=r * t) for r, t, m in ((3, 40, 3), (1, 150, 5), (4, 20, 2))]
+    want = [ref.run_rows(j, 0) for j in jobs]
+    assert runner.batch_cost(3, 40, 120) == 128                    # real tokens, rounded to a bucket
+    parts = runner.packing.split(PackedRows.concat(jobs))
+    assert len(parts) > 1                                          # the budget of 160 tokens splits the batch
+    b = Batcher(lambda name: runner, lambda name: 0, max_batch_tokens=160)
+    b.start()
+    try:
+        async def go():
+            return await asyncio.gather(*(b.submit("x", j) for j in jobs))
+        results = asyncio.run(go())
+    finally:
+        b.stop()
+    for res, (lg, ac), j in zip(results, want, jobs):
+        assert len(res.logits) == j.n
+        for i in range(j.n):
+            np.testing.assert_allclose(res.logits[i], lg[i, : int(j.marker_counts[i])], atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(res.act_logits, ac, atol=1e-4, rtol=1e-4)
+    # a padded batch handed to forward (benchmarks, cuda_check) takes the packed path too
+    padded = jobs[0].pad(0, pad_to=48)
+    lg, ac = runner.forward(padded)
+    np.testing.assert_allclose(lg, want[0][0], atol=1e-4, rtol=1e-4)
