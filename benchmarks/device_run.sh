@@ -16,9 +16,12 @@ case ",$PHASES," in *,check,*)
   python3 -m benchmarks.cuda_check --work-dir /tmp/ck 2>&1 | tee $OUT/cuda_check.txt
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "cuda_check failed: stopping"; exit 1; } ;;
 esac
+case ",$PHASES," in *,wakeup,*)
+  python3 -m benchmarks.wakeup -n ${WAKEUP_N:-2000} 2>&1 | tee $OUT/wakeup.txt ;;
+esac
 case ",$PHASES," in *,profile,*)
   timeout ${PROFILE_TIMEOUT:-420} python3 -m benchmarks.gpu_profile --ckpt /tmp/lb/large --out $OUT \
-    --studies ${STUDIES:-startup,kernels} 2>&1 | grep -v '^{' ;;
+    --studies ${STUDIES:-startup,kernels} --hops-n ${HOPS_N:-300} 2>&1 | grep -v '^{' ;;
 esac
 case ",$PHASES," in *,model,*)
   timeout ${MODEL_TIMEOUT:-300} python3 -m benchmarks.model_speed --ckpt /tmp/lb/large --out $OUT \

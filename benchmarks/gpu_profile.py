@@ -7,8 +7,8 @@ startup: `laya-grpc serve` on the checkpoint, twice: with an empty Triton cache 
   machine) and with the cache the first start filled (a restart). Process-to-ready and the
   service's own timing lines (device init, load, graph capture, warmup), then the first and
   warm HTTP requests.
-hops: `serve` with the default workers (gateway->backend calls streamed, then unary) and with one
-  gateway and one tokenizer, each timed per hop by benchmarks/hops.py (tokenizer RPC, inference
+hops: `serve` with the default workers and with one gateway and one tokenizer, each without and
+  with busy-polling event loops (LAYA_BUSY_POLL_US), each timed per hop by benchmarks/hops.py (tokenizer RPC, inference
   RPC, gRPC Decide, HTTP).
 
 `python -m benchmarks.gpu_profile --ckpt DIR --out DIR [--studies kernels,startup,hops]`; makes the
@@ -120,10 +120,12 @@ def hops_study(a, rec, cache: str | None) -> list:
         env["TRITON_CACHE_DIR"] = cache
     out = []
     one = ["--gateway-workers", "1", "--tokenizer-workers", "1"]
-    for label, extra, calls in (("default workers, streamed internal calls", [], "stream"),
-                                ("default workers, unary internal calls", [], "unary"),
-                                ("1 gateway, 1 tokenizer, streamed", one, "stream")):
-        srv = Served({"english": a.ckpt}, extra, dict(env, LAYA_GATEWAY_INTERNAL_CALLS=calls))
+    for label, extra, more_env in (("default workers, streamed internal calls", [], {}),
+                                   ("default workers, streamed, busy-poll 2000 us", [], {"LAYA_BUSY_POLL_US": "2000"}),
+                                   ("1 gateway, 1 tokenizer, streamed", one, {}),
+                                   ("1 gateway, 1 tokenizer, streamed, busy-poll 2000 us", one,
+                                    {"LAYA_BUSY_POLL_US": "2000"})):
+        srv = Served({"english": a.ckpt}, extra, dict(env, **more_env))
         try:
             ready_s = srv.wait_ready(300)
             cmd = [sys.executable, "-m", "benchmarks.hops", "--run-dir", srv.run_dir, "--http",

@@ -74,15 +74,13 @@ def time_calls(fn, iters: int) -> list:
 # -------------------------------------------------------------------------------- engine
 
 def run_engine(a, out: Out) -> None:
-    from inference_svc.registry import _warm
-    from laya_grpc.checkpoint import open_checkpoint
     from laya_grpc.packed_rows import PackedRows
     from laya_grpc.pipeline import Predictor
     t0 = time.perf_counter()
     pred = Predictor(a.ckpt, device=a.device, backend=a.backend, dtype=None if a.dtype == "auto" else a.dtype)
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    _warm(pred.runner, open_checkpoint(a.ckpt), pred.encoder.pad_id)
+    pred.warm()
     _sync(a.device)
     warm_s = time.perf_counter() - t1
     graphs = getattr(pred.runner, "graphs", None)
@@ -230,7 +228,7 @@ def ab(a, out: Out, agent) -> None:
     from inference_svc.registry import _warm
     from laya_grpc.checkpoint import open_checkpoint
     pred = Predictor(a.ckpt, device=a.device, backend=a.backend, dtype=None if a.dtype == "auto" else a.dtype)
-    _warm(pred.runner, open_checkpoint(a.ckpt), pred.encoder.pad_id)
+    pred.warm()
     for c in [x for x in named_cases() if x.name in ("short", "t512")]:
         ua, ea = [], []
         for i in range(a.ab_pairs):

@@ -14,7 +14,7 @@ import time
 
 import uvicorn
 
-from laya_grpc import flags, metrics, rpc
+from laya_grpc import busy_poll, flags, metrics, rpc
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import ChangeFeed, install_stop_signals, setup_logging
 from laya_grpc.routing import RouteTable
@@ -200,6 +200,7 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_gateway_flags(p)
     metrics.add_flag(p, "LAYA_GATEWAY_METRICS")
+    busy_poll.add_flag(p)
     flags.add(p, "--control", env="LAYA_GATEWAY_CONTROL", default=None, metavar="ADDRESS",
               help="a second gRPC address (unix:/path.sock) reaching this worker alone, also when several "
                    "share --grpc, to see its own readiness and status; 'serve' gives each gateway worker one "
@@ -222,7 +223,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     setup_logging("gateway")
     try:
-        return asyncio.run(serve(args))
+        return busy_poll.run(serve(args), args.busy_poll_us)
     except LayaError as e:
         print("laya-grpc gateway: %s" % e.detail, file=sys.stderr)
         return 2

@@ -37,6 +37,14 @@ variant: dtype, H, hd, FULL/SLIDING and the stage count, so four variants per mo
 (benchmarks/attention_check.py counts what a sweep over all 90 bucket shapes x both layer types
 compiles).
 
+Packed rows (`attention_packed`, VARLEN): the same kernel over several rows laid end to end in one
+token stream (inference_svc/packing.py). A block table gives each program its (segment, first query);
+a segment's tokens are `len` from `start`, its positions count from its own start, and its keys are
+its own tokens only, so the masks above hold per segment and no padding exists between rows. `rope`
+0 (the decision head's layers) skips the rotation: a runtime flag, not a constexpr, so the head's
+FULL layers reuse the encoder's compiled FULL variant (one Triton compile less at a cold start). Spare table entries point at an empty
+segment and end at once; the pipelining depth follows the real work (tokens / BLOCK_M x heads).
+
 Triton imports lazily (as cuda_kernels.py); the CPU tests run this same kernel through Triton's
 interpreter (TRITON_INTERPRET=1, tests/test_cuda_attention.py).
 """
@@ -56,7 +64,7 @@ def _kernel():
     @triton.jit
     def _key_block(qkv_ptr, cos_ptr, sin_ptr, q, acc, m_i, l_i, n0, row0, h, offs_m, offs_d, d_ok, rot_d, sign,
                    L, n_keys, window, qk_scale, H: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SLIDING: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr):
+                   SLIDING: tl.constexpr, IEEE: tl.constexpr, rope):
         """One BLOCK_N block of keys: rotate k, scores, mask, online-softmax update of (acc, m, l)."""
         STRIDE: tl.constexpr = 3 * H * HD
         dt = qkv_ptr.dtype.element_ty
@@ -64,7 +72,7 @@ def _kernel():
         n_ok = offs_n < L
         km = n_ok[:, None] & d_ok[None, :]
         k_base = qkv_ptr + (row0 + offs_n)[:, None] * STRIDE + H * HD + h * HD
-        if ROPE:
+        if rope != 0:
             kx = tl.load(k_base + offs_d[None, :], mask=km, other=0.0).to(tl.float32)
             kxr = tl.load(k_base + rot_d[None, :], mask=km, other=0.0).to(tl.float32)
             tk = offs_n[:, None] * HD
@@ -101,13 +109,13 @@ def _kernel():
     # dependency scan) resolve a jit function's callees through its __globals__, not its closure
     globals()["_key_block"] = _key_block
 
-    @triton.jit(do_not_specialize=["L", "window"])
+    @triton.jit(do_not_specialize=["L", "window", "rope"])
     def attention_kernel(qkv_ptr, cos_ptr, sin_ptr, len_ptr, start_ptr, blk_seg_ptr, blk_m0_ptr, out_ptr,
-                         L, window, qk_scale,
+                         L, window, qk_scale, rope,
                          H: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          SLIDING: tl.constexpr, IEEE: tl.constexpr, FOR_LOOP: tl.constexpr,
-                         VARLEN: tl.constexpr, ROPE: tl.constexpr):
+                         VARLEN: tl.constexpr):
         HALF: tl.constexpr = HD // 2
         STRIDE: tl.constexpr = 3 * H * HD           # one token's row of qkv
         dt = qkv_ptr.dtype.element_ty
@@ -140,7 +148,7 @@ def _kernel():
         m_ok = offs_m < L
         qm = m_ok[:, None] & d_ok[None, :]
         q_base = qkv_ptr + (row0 + offs_m)[:, None] * STRIDE + h * HD
-        if ROPE:
+        if rope != 0:
             x = tl.load(q_base + offs_d[None, :], mask=qm, other=0.0).to(tl.float32)
             xr = tl.load(q_base + rot_d[None, :], mask=qm, other=0.0).to(tl.float32)
             t_off = offs_m[:, None] * HD
@@ -173,7 +181,7 @@ def _kernel():
             for n0 in range(lo, hi, BLOCK_N):
                 acc, m_i, l_i = _key_block(qkv_ptr, cos_ptr, sin_ptr, q, acc, m_i, l_i, n0, row0, h, offs_m, offs_d,
                                            d_ok, rot_d, sign, L, n_keys, window, qk_scale,
-                                           H, HD, BLOCK_N, SLIDING, IEEE, ROPE)
+                                           H, HD, BLOCK_N, SLIDING, IEEE, rope)
         else:
             # the same loop as a while: Triton's CPU interpreter cannot take a runtime bound in range()
             # (its scalars are 1-element numpy arrays, which numpy 2 refuses as an index)
@@ -181,7 +189,7 @@ def _kernel():
             while n0 < hi:
                 acc, m_i, l_i = _key_block(qkv_ptr, cos_ptr, sin_ptr, q, acc, m_i, l_i, n0, row0, h, offs_m, offs_d,
                                            d_ok, rot_d, sign, L, n_keys, window, qk_scale,
-                                           H, HD, BLOCK_N, SLIDING, IEEE, ROPE)
+                                           H, HD, BLOCK_N, SLIDING, IEEE, rope)
                 n0 += BLOCK_N
 
         l_i = tl.where(l_i > 0.0, l_i, 1.0)          # only rows i >= L (never stored) can have no key
@@ -249,16 +257,22 @@ def attention(qkv, cos, sin, lengths, B: int, L: int, heads: int, window: int, s
     grid = (triton.cdiv(L, block_m), B * heads)
     stages = num_stages or _num_stages(grid[0] * grid[1], qkv.device)
     kernel[grid](qkv, cos, sin, lengths, lengths, lengths, lengths, out, L, int(window) if sliding else 0,
-                 float(scale) * _LOG2E,
+                 float(scale) * _LOG2E, 1,
                  H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
                  SLIDING=bool(sliding), IEEE=qkv.dtype == torch.float32,
                  FOR_LOOP=(loop or ("while" if _interpreted() else "for")) == "for",
-                 VARLEN=False, ROPE=True, num_warps=num_warps, num_stages=stages)
+                 VARLEN=False, num_warps=num_warps, num_stages=stages)
     return out
 
 
+# One pipelining depth for every packed bucket: each distinct depth is one more Triton compile per
+# layer kind at a cold start (~2.5 s each on the H200, serve's start-up log), and 2 is the better one
+# for batches (64 x 160 full: 55 against 67 us a layer); one row of 512 pays ~1-2 us a layer for it.
+PACKED_STAGES = 2
+
+
 def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int, window: int, sliding: bool,
-                     scale: float, rope: bool = True, out=None, num_warps: int = 4):
+                     scale: float, rope: bool = True, out=None, num_warps: int = 4, num_stages: int | None = None):
     """One layer's attention over packed rows (segments of one flat token stream), [N, H*hd].
 
     Each segment attends only within itself (block-diagonal), its positions counted from its own
@@ -277,18 +291,16 @@ def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int
     if not qkv.is_contiguous():
         raise ValueError("attention_packed: qkv must be contiguous")
     if cos is None:
-        cos = sin = qkv                       # never read (ROPE=False)
+        cos = sin = qkv                       # never read (rope=False)
     if out is None:
         out = torch.empty((n, heads * hd), dtype=qkv.dtype, device=qkv.device)
     grid = (blk_seg.shape[0], heads)
-    # pipelining depth by the real work (one program per BLOCK_M tokens a head), not the grid: the
-    # spare blocks of a bucket end at once and would tip a one-wave grid into the 2-stage choice
-    stages = _num_stages(triton.cdiv(n, BLOCK_M) * heads, qkv.device)
+    stages = num_stages or PACKED_STAGES
     kernel[grid](qkv, cos, sin, lengths, starts, blk_seg, blk_m0, out, 0, int(window) if sliding else 0,
-                 float(scale) * _LOG2E,
+                 float(scale) * _LOG2E, int(bool(rope)),
                  H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                  SLIDING=bool(sliding), IEEE=qkv.dtype == torch.float32,
-                 FOR_LOOP=not _interpreted(), VARLEN=True, ROPE=bool(rope),
+                 FOR_LOOP=not _interpreted(), VARLEN=True,
                  num_warps=num_warps, num_stages=stages)
     return out
 

@@ -131,6 +131,21 @@ def fill_bucket(views: dict, batch: dict, b: Bucket) -> int:
     return n
 
 
+def capture_graph(step: Callable[[], None], stream, pool, device):
+    """`step` captured as a CUDA graph on `stream` in memory `pool`, after one eager pass on that stream
+    (kernels, library handles and workspaces are set up outside the capture)."""
+    import torch
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.inference_mode(), torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph, pool=pool, stream=stream):
+        step()
+    torch.cuda.synchronize(device)
+    return graph
+
+
 class GraphCache:
     """Least-recently-used map bucket -> captured graph, at most `capacity` entries.
 
@@ -214,16 +229,7 @@ class CudaGraphForward:
             out[:, : b.markers].copy_(logits)
             out[:, b.markers:].copy_(act)
 
-        s = self._stream
-        s.wait_stream(torch.cuda.current_stream(self.dev))
-        with torch.inference_mode(), torch.cuda.stream(s):
-            step()   # kernels, library handles and workspaces are set up outside the capture
-        torch.cuda.current_stream(self.dev).wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool, stream=s):
-            step()
-        torch.cuda.synchronize(self.dev)
-        return _Captured(b, graph, host_in, dev_in, hv, out, host_out)
+        return _Captured(b, capture_graph(step, self._stream, self._pool, self.dev), host_in, dev_in, hv, out, host_out)
 
     @staticmethod
     def _release(entry) -> None:
@@ -306,16 +312,7 @@ class PackedForward:
         # a valid dummy batch for the warm-up and capture passes: every slot empty, spare blocks only
         fill(hv, PackedRows.from_rows([]), b, 0)
         dev_in.copy_(host_in)
-        s = self._stream
-        s.wait_stream(torch.cuda.current_stream(self.dev))
-        with torch.inference_mode(), torch.cuda.stream(s):
-            step()   # kernels, library handles and workspaces are set up outside the capture
-        torch.cuda.current_stream(self.dev).wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool, stream=s):
-            step()
-        torch.cuda.synchronize(self.dev)
-        entry.graph = graph
+        entry.graph = capture_graph(step, self._stream, self._pool, self.dev)
         return entry
 
     @staticmethod

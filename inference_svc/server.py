@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from laya_grpc import flags, metrics, rpc, streams
+from laya_grpc import busy_poll, flags, metrics, rpc, streams
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_logging
 from laya_grpc.packed_rows import PackedRows
@@ -197,6 +197,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--listen", env="LAYA_INFERENCE_LISTEN", default="127.0.0.1:50052",
               help="address to serve on: HOST:PORT or unix:/path.sock")
     metrics.add_flag(p, "LAYA_INFERENCE_METRICS")
+    busy_poll.add_flag(p)
     add_model_flags(p)
 
 
@@ -207,4 +208,4 @@ def run(args: argparse.Namespace) -> int:
     except LayaError as e:
         print("laya-grpc inference: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings))
+    return busy_poll.run(serve(settings), args.busy_poll_us)

@@ -71,9 +71,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
               help="checkpoints kept resident at once; the least recently used is evicted beyond this")
     flags.add(p, "--preload", env="LAYA_MODELS", append=True, metavar="NAME",
               help="checkpoints to load and warm before reporting ready (default: all configured, up to --max-loaded)")
-    flags.add(p, "--max-batch-tokens", env="LAYA_INFERENCE_MAX_BATCH_TOKENS", default=16384, type=int,
+    flags.add(p, "--max-batch-tokens", env="LAYA_INFERENCE_MAX_BATCH_TOKENS", default=16384, type=flags.positive_int,
               help="padded tokens per forward pass when requests are batched together")
-    flags.add(p, "--max-batch-rows", env="LAYA_INFERENCE_MAX_BATCH_ROWS", default=256, type=int,
+    flags.add(p, "--max-batch-rows", env="LAYA_INFERENCE_MAX_BATCH_ROWS", default=256, type=flags.positive_int,
               help="rows (state x question) per forward pass")
     flags.add(p, "--max-wait-ms", env="LAYA_MAX_WAIT_MS", default=0.0, type=float,
               help="extra time to wait for more requests before a forward; 0 = batch only what queued while busy")

@@ -11,15 +11,21 @@ import os
 from typing import Any, Callable, Optional
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (a count of 0 would leave nothing to serve with)."""
-    try:
-        n = int(str(text).strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected an integer, got %r" % text) from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1, got %d" % n)
-    return n
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= minimum."""
+    def parse(text: str) -> int:
+        try:
+            n = int(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError("expected an integer, got %r" % text) from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError("must be at least %d, got %d" % (minimum, n))
+        return n
+    return parse
+
+
+positive_int = int_at_least(1)       # a count of 0 would leave nothing to serve with
+non_negative_int = int_at_least(0)
 
 
 def _parse_bool(text: str) -> bool:

@@ -44,6 +44,18 @@ class Predictor:
                                   None if dtype == "auto" else dtype)
         self.device = self.runner.device()
 
+    def warm(self) -> None:
+        """Before the first real call: capture the CUDA graphs (as the inference service does before
+        ready), then one request of each question type through every stage (tokenizer, forward,
+        decoding), so the first call pays no first-use cost (lazy imports, caches, allocations)."""
+        from inference_svc.registry import _warm
+        _warm(self.runner, self.checkpoint, self.encoder.pad_id)
+        self.predict("Warm-up: the parcel arrived late and the box was damaged.", {
+            "intent": {"type": "choice", "instructions": "What does the customer want?",
+                       "criteria": {"refund": "money back", "exchange": "a new item"}},
+            "urgency": {"type": "score", "instructions": "How urgent is it?", "criteria": ["not", "somewhat", "very"]},
+            "angry": {"type": "noul", "instructions": "Is the customer angry?"}})
+
     def predict(self, state: Any, questions: dict, max_len: Optional[int] = None,
                 head_max_len: Optional[int] = None, min_confidence: Any = None) -> dict[str, Any]:
         """One state: `Agent.predict(state, questions, ...)`."""

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from laya_grpc import flags
+from laya_grpc import busy_poll, flags
 from laya_grpc.errors import LayaError
 from laya_grpc.lifecycle import install_stop_signals, setup_logging
 from laya_grpc.sources import parse_checkpoint_specs
@@ -29,14 +29,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from inference_svc.settings import add_model_flags
     add_model_flags(p)
     add_gateway_flags(p)
-    flags.add(p, "--tokenizer-workers", env="LAYA_TOKENIZER_WORKERS", default=0, type=int,
+    flags.add(p, "--tokenizer-workers", env="LAYA_TOKENIZER_WORKERS", default=0, type=flags.non_negative_int,
               help="tokenizer processes; each gateway spreads requests over them (0 = auto: one per 4 CPUs, 1-4)")
-    flags.add(p, "--gateway-workers", env="LAYA_GATEWAY_WORKERS", default=0, type=int,
+    flags.add(p, "--gateway-workers", env="LAYA_GATEWAY_WORKERS", default=0, type=flags.non_negative_int,
               help="gateway processes sharing the HTTP and gRPC ports (Python work per request is the "
                    "ceiling under many clients; 0 = auto: one per 4 CPUs, 1 to 4)")
     flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
               help="Prometheus metrics, one endpoint per process: gateway 0 on PORT, inference on PORT+1, "
                    "tokenizer i on PORT+2+i, gateway j>0 after the tokenizers (off by default)")
+    busy_poll.add_flag(p)        # handed to every child through LAYA_BUSY_POLL_US
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
               help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
 
@@ -78,6 +79,8 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     # metrics: gateway 0 on PORT (its own registry; each worker counts what it served)
     children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]
                        + metrics_at(0 if i == 0 else 1 + n_tok + i)) for i in range(n_gw)]
+    for c in children:
+        c.argv += ["--busy-poll-us", str(args.busy_poll_us)]
     return children
 
 

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc import flags, metrics, rpc, streams
+from laya_grpc import busy_poll, flags, metrics, rpc, streams
 from laya_grpc.errors import Kind, LayaError
 from laya_grpc.lifecycle import install_stop_signals, setup_logging
 from laya_grpc.packed_rows import PackedRows
@@ -147,6 +147,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--threads", env="LAYA_TOKENIZER_THREADS", default=max(1, min(4, os.cpu_count() or 1)), type=int,
               help="threads running encode_batch (the tokenizers library releases the GIL)")
     metrics.add_flag(p, "LAYA_TOKENIZER_METRICS")
+    busy_poll.add_flag(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,4 +157,4 @@ def run(args: argparse.Namespace) -> int:
     except LayaError as e:
         print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics))
+    return busy_poll.run(serve(sources, args.listen, args.threads, args.metrics), args.busy_poll_us)
