@@ -41,7 +41,7 @@ def write_report(jsonl: str, out_dir: str) -> str:
                 "%s / %s" % (_f(lat[(t, i)]["e2e"]["p50_ms"]), _f(lat[(t, i)]["e2e"]["p95_ms"])) if (t, i) in lat
                 else "-" for i in INPUTS) + " |")
     if by("engine", "latency"):
-        L += ["", "Where the time goes (engine, p50 ms): model = padded batch in, numpy out (the GPU part); "
+        L += ["", "Where the time goes (engine, p50 ms): model = the runner on the request's padded batch, numpy out (the GPU part; a packing runner turns it back into rows first); "
               "tokenize = encode + pack + pad; engine e2e includes decoding; gRPC and HTTP add transport and "
               "the tokenizer and gateway services on top of it.", "",
               "| input | model | tokenize | engine e2e | gRPC | HTTP |", "|---|---|---|---|---|---|"]

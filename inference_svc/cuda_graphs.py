@@ -9,6 +9,11 @@ static device input buffer and a pinned host twin, so a request costs one host->
 one replay, one device->host copy and one sync. The padding logic is plain numpy and the cache
 takes the capture function as a parameter, so both run (and are tested) without a GPU.
 
+Two plans: `PackedForward` (the default where the fused kernels run the sequential layout) lays the
+rows of a batch end to end in one token stream, one graph per token bucket (packing.py);
+`CudaGraphForward` pads every row to the batch's longest, one graph per rows x tokens bucket (the
+parallel layout, the reference kernels, --pack-rows off).
+
 Padding is exact for the real rows: extra token columns are masked keys, extra marker slots are
 masked options, and extra rows are discarded. Extra rows get one attended token so no attention
 row of theirs is fully masked (a fully masked row would be NaN, and NaN keys poison 0-weight sums).
