@@ -51,6 +51,7 @@ class Slot:
     task: Optional[asyncio.Task] = None
     pins: int = 0                     # requests between ensure and their answer: never evicted meanwhile
     draining: bool = False            # chosen for eviction: new requests wait, the ones in flight finish
+    loading: bool = False             # admitted under --max-loaded, weights on their way: holds a place
 
 
 @dataclass
@@ -69,6 +70,9 @@ class Registry:
 
     def __post_init__(self):
         self.slots = {n: Slot(n, s) for n, s in self.sources.items()}
+        # one load admitted at a time: making room and taking the place happen together, else two
+        # loads starting at once would each see room for one and both load (past --max-loaded)
+        self._admit = asyncio.Lock()
 
     def slot(self, name: str) -> Slot:
         s = self.slots.get(name)
@@ -113,7 +117,15 @@ class Registry:
             s.pins -= 1
 
     async def _load(self, s: Slot) -> None:
-        await self._evict_for(s.name)
+        async with self._admit:
+            await self._evict_for(s.name)
+            s.loading = True
+        try:
+            await self._load_admitted(s)
+        finally:
+            s.loading = False
+
+    async def _load_admitted(self, s: Slot) -> None:
         preparing = self.started
         self._set(s, S.PREPARING if preparing else S.LOADING, "reading weights from %s" % s.source)
         t0 = time.perf_counter()
@@ -156,9 +168,10 @@ class Registry:
         """Make room under --max-loaded: evict the least recently used READY checkpoint with no
         request in flight; if every one is answering requests, the least recently used drains first
         (its calls in flight finish, new ones wait for its reload), so a checkpoint under constant
-        load cannot keep another from ever loading. One still loading is never a victim."""
+        load cannot keep another from ever loading. One still loading counts against the limit but
+        is never a victim: the admission waits until it is ready (and then it may be the victim)."""
         while True:
-            resident = [x for x in self.slots.values() if x.runner is not None and x.name != name]
+            resident = [x for x in self.slots.values() if (x.runner is not None or x.loading) and x.name != name]
             if len(resident) < self.max_loaded:
                 return
             loaded = [x for x in resident if x.state == S.READY]
