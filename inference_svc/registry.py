@@ -209,6 +209,7 @@ class Registry:
         runner = s.runner
         if runner is not None:   # live facts, read from the weights now
             st.device, st.dtype, st.kernels = runner.device(), runner.dtype(), runner.kernels
+            st.row_layout = "packed" if getattr(runner, "packing", None) is not None else "padded"
             st.max_row_tokens = runner.max_positions if runner.max_positions < (1 << 30) else 0
         return st
 

@@ -98,6 +98,7 @@ def test_ready_health_reports_live_facts(stack):
         assert c["device"] == ("cpu" if stack.backend == "torch" else "mlx:cpu")
         assert c["warmup_ms"] > 0 and len(c["sha256"]) == 64 and c["device_fallback"] is False
         assert c["kernels"] == ("reference" if stack.backend == "torch" else "mlx")   # CPU: never the fused CUDA kernels
+        assert c["rows"] == "padded"                # packing needs the fused CUDA graphs
 
 
 @pytest.mark.parametrize("i", range(len(STATES)))

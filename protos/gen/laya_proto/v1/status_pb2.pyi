@@ -31,7 +31,7 @@ DOWN: State
 CONFIGURED: State
 
 class CheckpointStatus(_message.Message):
-    __slots__ = ("name", "state", "detail", "source", "revision", "sha256", "backend", "device", "dtype", "load_ms", "warmup_ms", "config_json", "max_len", "head_max_len", "tokenizer_fingerprint", "device_fallback", "device_requested", "last_used_unix", "max_row_tokens", "kernels")
+    __slots__ = ("name", "state", "detail", "source", "revision", "sha256", "backend", "device", "dtype", "load_ms", "warmup_ms", "config_json", "max_len", "head_max_len", "tokenizer_fingerprint", "device_fallback", "device_requested", "last_used_unix", "max_row_tokens", "kernels", "row_layout")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class CheckpointStatus(_message.Message):
     LAST_USED_UNIX_FIELD_NUMBER: _ClassVar[int]
     MAX_ROW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
+    ROW_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: State
     detail: str
@@ -72,7 +73,8 @@ class CheckpointStatus(_message.Message):
     last_used_unix: float
     max_row_tokens: int
     kernels: str
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[State, str]] = ..., detail: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., sha256: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., load_ms: _Optional[float] = ..., warmup_ms: _Optional[float] = ..., config_json: _Optional[str] = ..., max_len: _Optional[int] = ..., head_max_len: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., device_fallback: _Optional[bool] = ..., device_requested: _Optional[str] = ..., last_used_unix: _Optional[float] = ..., max_row_tokens: _Optional[int] = ..., kernels: _Optional[str] = ...) -> None: ...
+    row_layout: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[State, str]] = ..., detail: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., sha256: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., load_ms: _Optional[float] = ..., warmup_ms: _Optional[float] = ..., config_json: _Optional[str] = ..., max_len: _Optional[int] = ..., head_max_len: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., device_fallback: _Optional[bool] = ..., device_requested: _Optional[str] = ..., last_used_unix: _Optional[float] = ..., max_row_tokens: _Optional[int] = ..., kernels: _Optional[str] = ..., row_layout: _Optional[str] = ...) -> None: ...
 
 class ServiceStatus(_message.Message):
     __slots__ = ("service", "state", "detail", "instance_id", "sequence", "time_unix", "started_unix", "queue_depth", "inflight", "checkpoints", "address", "restarts", "version")
