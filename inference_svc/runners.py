@@ -29,6 +29,9 @@ class Runner(Protocol):
     def forward(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
         """(logits float32 [B,K], act_logits float32 [B,n_act]) for a padded batch (see PackedRows.pad)."""
 
+    def run_rows(self, rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """The same for token rows (PackedRows): the serving path, which packs them where the runner can."""
+
     def device(self) -> str: ...
     def dtype(self) -> str: ...
     def close(self) -> None: ...
