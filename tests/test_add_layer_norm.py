@@ -7,26 +7,13 @@ with add_norm "triton" against add_norm "addmm" (the earlier path) and the eager
 """
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 
-# before triton is imported: triton.language's own jit functions (tl.sum, used here) become
-# interpretable only if the flag is set when triton.language is first imported
-_TRITON_ALREADY_IMPORTED = "triton" in sys.modules
-os.environ["TRITON_INTERPRET"] = "1"
+import triton_interpreter  # noqa: E402  (first: sets TRITON_INTERPRET before triton is imported)
+
+triton_interpreter.require()
 torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
-
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-if not isinstance(tl.sum, InterpretedFunction):
-    raise RuntimeError(
-        "triton was imported before TRITON_INTERPRET=1 was set (imported already: %s), so triton.language's "
-        "jit functions cannot run in the CPU interpreter: set TRITON_INTERPRET=1 in the environment, or "
-        "collect this file before any other that imports triton" % _TRITON_ALREADY_IMPORTED)
 
 import torch.nn.functional as F  # noqa: E402
 

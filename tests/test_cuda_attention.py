@@ -8,30 +8,15 @@ tokenized rows; the parallel layout and attn_impl="sdpa" still on the rope_qk + 
 """
 from __future__ import annotations
 
-import os
-import sys
 import types
 
 import numpy as np
 import pytest
 
-# before triton is imported: triton.language's own jit functions (tl.max, tl.sum, tl.zeros, which this
-# kernel uses and the two in cuda_kernels.py do not) become interpretable only if the flag is set
-# when triton.language is first imported
-_TRITON_ALREADY_IMPORTED = "triton" in sys.modules
-os.environ["TRITON_INTERPRET"] = "1"
+import triton_interpreter  # noqa: E402  (first: sets TRITON_INTERPRET before triton is imported)
+
+triton_interpreter.require()
 torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
-
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-if not isinstance(tl.max, InterpretedFunction):
-    raise RuntimeError(
-        "triton was imported before TRITON_INTERPRET=1 was set (imported already: %s), so triton.language's "
-        "jit functions cannot run in the CPU interpreter: set TRITON_INTERPRET=1 in the environment, or "
-        "collect this file before any other that imports triton" % _TRITON_ALREADY_IMPORTED)
-
 import torch.nn.functional as F  # noqa: E402
 
 from inference_svc import cuda_attention as ca  # noqa: E402

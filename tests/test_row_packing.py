@@ -12,23 +12,14 @@ attention block, buckets bounded.
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 
 import numpy as np
 import pytest
 
-_TRITON_ALREADY_IMPORTED = "triton" in sys.modules
-os.environ["TRITON_INTERPRET"] = "1"
+import triton_interpreter  # noqa: E402  (first: sets TRITON_INTERPRET before triton is imported)
+
+triton_interpreter.require()
 torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
-
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-if not isinstance(tl.max, InterpretedFunction):
-    raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set (imported already: %s): set "
-                       "TRITON_INTERPRET=1 in the environment" % _TRITON_ALREADY_IMPORTED)
 
 from inference_svc import cuda_attention as ca  # noqa: E402
 from inference_svc.cuda_graphs import PackedForward  # noqa: E402
