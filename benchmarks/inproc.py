@@ -225,8 +225,6 @@ def run_upstream(a, out: Out, compiled: bool) -> None:
 def ab(a, out: Out, agent) -> None:
     """Paired A/B in one process: upstream and engine alternate on the same input, pair by pair."""
     from laya_grpc.pipeline import Predictor
-    from inference_svc.registry import _warm
-    from laya_grpc.checkpoint import open_checkpoint
     pred = Predictor(a.ckpt, device=a.device, backend=a.backend, dtype=None if a.dtype == "auto" else a.dtype)
     pred.warm()
     for c in [x for x in named_cases() if x.name in ("short", "t512")]:

@@ -11,7 +11,6 @@ request's ~10 wake-ups explain it, and polling for a short while before sleeping
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -58,8 +57,9 @@ def pipe_rtt(n: int, spin: bool) -> list:
     return out
 
 
-def thread_rtt(n: int, spin: bool = False) -> list:
-    """A job handed to another thread and its answer handed back (the batcher's device thread)."""
+def thread_rtt(n: int) -> list:
+    """A job handed to another thread and its answer handed back (the batcher's device thread).
+    Blocking only: threads of one process spinning for each other would fight over the GIL."""
     req, rep = [None], [None]
     cv = threading.Condition()
 
@@ -67,11 +67,7 @@ def thread_rtt(n: int, spin: bool = False) -> list:
         for _ in range(n):
             with cv:
                 while req[0] is None:
-                    if spin:
-                        cv.release()
-                        cv.acquire()
-                    else:
-                        cv.wait()
+                    cv.wait()
                 rep[0], req[0] = req[0], None
                 cv.notify_all()
     th = threading.Thread(target=worker)
@@ -83,11 +79,7 @@ def thread_rtt(n: int, spin: bool = False) -> list:
             req[0] = i
             cv.notify_all()
             while rep[0] is None:
-                if spin:
-                    cv.release()
-                    cv.acquire()
-                else:
-                    cv.wait()
+                cv.wait()
             rep[0] = None
         out.append(time.perf_counter() - t)
         time.sleep(0.0002)
@@ -152,8 +144,7 @@ def main(argv=None) -> int:
     res = {"cpus": os.cpu_count()}
     res["pipe_block"] = summary(pipe_rtt(a.n, False))
     res["pipe_spin"] = summary(pipe_rtt(a.n, True))
-    # threads of one process: blocking only (spinning threads would fight over the GIL)
-    res["thread_block"] = summary(thread_rtt(a.n, False))
+    res["thread_block"] = summary(thread_rtt(a.n))
     res["grpc_block"] = summary(grpc_rtt(a.n, 0))
     res["grpc_spin_%dus" % a.spin_us] = summary(grpc_rtt(a.n, a.spin_us))
     if a.json:

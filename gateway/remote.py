@@ -223,7 +223,8 @@ class RemoteServices:
             # upstream counts per-request GPU->CPU retries here; we never retry on another device
             "cpu_fallbacks": {c.name: {"count": 0, "last_reason": None} for c in loaded},
             "checkpoints": {c.name: {"state": S.State.Name(c.state).lower(), "device": c.device, "dtype": c.dtype,
-                                     "backend": c.backend, "kernels": c.kernels, "rows": c.row_layout, "revision": c.revision, "sha256": c.sha256,
+                                     "backend": c.backend, "kernels": c.kernels, "rows": c.row_layout,
+                                     "revision": c.revision, "sha256": c.sha256,
                                      "warmup_ms": round(c.warmup_ms, 1), "load_ms": round(c.load_ms, 1),
                                      "device_requested": c.device_requested, "device_fallback": c.device_fallback,
                                      "detail": c.detail} for c in cps},

@@ -205,22 +205,20 @@ class Batcher:
     def _forward_within_budget(self, checkpoint: str, rows: PackedRows) -> tuple[list, np.ndarray]:
         """Per-row logits (float32 [k]) and act logits for `rows`. Rows whose padded cost exceeds
         the token budget (one large request, or several coalesced by a gateway) run as several
-        forwards that each fit it, so no batch lands in a shape the warmup did not prepare."""
+        forwards that each fit it, so no batch lands in a shape the warmup did not prepare. A packing
+        runner splits by its own plan (real tokens per forward), so it gets the rows whole."""
         runner = self._get_runner(checkpoint)
         pad_id, counts = self._pad_id_of(checkpoint), rows.marker_counts
-        if getattr(runner, "packing", None) is not None:   # packed rows: the runner splits by its plan
-            lg, ac = runner.run_rows(rows, pad_id)
-            return [lg[i, : int(counts[i])].astype(np.float32, copy=True) for i in range(rows.n)], ac
         cost = self._cost(checkpoint)
         L = -(-int(rows.lengths.max()) // self.length_multiple) * self.length_multiple
         per = rows.n
-        while per > 1 and cost(per, L, per * L) > self.max_batch_tokens:
+        while getattr(runner, "packing", None) is None and per > 1 and cost(per, L, per * L) > self.max_batch_tokens:
             per = (per + 1) // 2
         logits, acts = [], []
         for a in range(0, rows.n, per):
             idx = range(a, min(a + per, rows.n))
             part = rows if per >= rows.n else rows.take(idx)
-            lg, ac = runner.forward(part.pad(pad_id, pad_to=L))
+            lg, ac = runner.run_rows(part, pad_id, pad_to=L)
             logits += [lg[i - a, : int(counts[i])].astype(np.float32, copy=True) for i in idx]
             acts.append(ac[: len(idx)])
         return logits, np.concatenate(acts).astype(np.float32, copy=True)

@@ -286,7 +286,7 @@ class PackedForward:
     def __init__(self, model, device, plan, graphs: bool = True, capacity: int = 96):
         import torch
         self._torch = torch
-        self.model, self.dev, self.plan, self.graphs = model, device, plan, graphs
+        self.model, self.dev, self.plan, self.use_graphs = model, device, plan, graphs
         self.n_act = model.spec.n_act
         model.prepare_rope(plan.max_row_tokens)   # one table per theta, read by every graph
         if graphs:
@@ -312,7 +312,7 @@ class PackedForward:
             out[:, b.markers:].copy_(act)
 
         entry = _Captured(b, None, host_in, dev_in, hv, out, host_out, step)
-        if not self.graphs:
+        if not self.use_graphs:
             return entry
         # a valid dummy batch for the warm-up and capture passes: every slot empty, spare blocks only
         fill(hv, PackedRows.from_rows([]), b, 0)

@@ -83,14 +83,11 @@ class PackedPlan:
     @property
     def max_tokens(self) -> int:
         """The largest token bucket: the batch budget, or one longest row if that is larger."""
-        return self._round(max(self.max_batch_tokens, self.max_row_tokens))
-
-    def round_tokens(self, tokens: int) -> int:
-        """What `tokens` real tokens cost once packed: their token bucket."""
-        return self._round(tokens)
+        return self.round_tokens(max(self.max_batch_tokens, self.max_row_tokens))
 
     @staticmethod
-    def _round(tokens: int) -> int:
+    def round_tokens(tokens: int) -> int:
+        """What `tokens` real tokens cost once packed: their token bucket."""
         i = bisect.bisect_left(PACKED_TOKEN_BUCKETS, tokens)
         return PACKED_TOKEN_BUCKETS[i] if i < len(PACKED_TOKEN_BUCKETS) else -(-tokens // _LARGE_STEP) * _LARGE_STEP
 
@@ -104,9 +101,6 @@ class PackedPlan:
             t += _LARGE_STEP
         toks.append(self.max_tokens)
         return tuple(toks), tuple(self.slots(t) for t in toks)
-
-    def token_buckets(self) -> list:
-        return list(self._table[0])
 
     def slots(self, tokens: int) -> int:
         want = max(_MIN_SLOTS, tokens // _TOKENS_PER_SLOT)

@@ -153,7 +153,7 @@ class Registry:
             if self.warmup:
                 self._set(s, S.PREPARING if preparing else S.WARMING, "warmup forwards")
                 t1 = time.perf_counter()
-                await self.run_on_device(lambda: _warm(runner, ckpt, s.pad_id))
+                await self.run_on_device(lambda: warm_runner(runner, ckpt, s.pad_id))
                 s.warmup_ms = (time.perf_counter() - t1) * 1e3
             self._set(s, S.READY, "")
             log.info("checkpoint %s ready on %s/%s (load %.0f ms, warmup %.0f ms)", s.name, runner.device(),
@@ -234,7 +234,9 @@ def synthetic_rows(rows: int, tokens: int, markers: int, vocab: int, seed: int =
                       qtypes=np.arange(rows, dtype=np.int32) % 3)
 
 
-def _warm(runner, ckpt, pad_id: int) -> None:
+def warm_runner(runner, ckpt, pad_id: int) -> None:
+    """Before a checkpoint serves: its CUDA graphs captured, then forwards of a few request shapes
+    (first-use costs paid here, not by the first request)."""
     warm = getattr(runner, "warm", None)   # TorchRunner on CUDA: capture every bucket's graph now
     if warm is not None:
         warm()
@@ -243,7 +245,4 @@ def _warm(runner, ckpt, pad_id: int) -> None:
         if getattr(ckpt, "option_layout", "sequential") == "parallel":
             rows.position_ids = np.tile(np.arange(t, dtype=np.int32), r)
             rows.option_ids = np.zeros_like(rows.ids)
-        if getattr(runner, "packing", None) is not None:
-            runner.run_rows(rows, pad_id)
-        else:
-            runner.forward(rows.pad(pad_id, pad_to=-(-t // 8) * 8))
+        runner.run_rows(rows, pad_id, pad_to=-(-t // 8) * 8)

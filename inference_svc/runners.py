@@ -29,8 +29,9 @@ class Runner(Protocol):
     def forward(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
         """(logits float32 [B,K], act_logits float32 [B,n_act]) for a padded batch (see PackedRows.pad)."""
 
-    def run_rows(self, rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-        """The same for token rows (PackedRows): the serving path, which packs them where the runner can."""
+    def run_rows(self, rows, pad_id: int, pad_to: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+        """The same for token rows (PackedRows): the serving path, which packs them where the runner can
+        (else pads them, to at least `pad_to` tokens)."""
 
     def device(self) -> str: ...
     def dtype(self) -> str: ...
@@ -107,7 +108,7 @@ class TorchRunner:
     def warm(self) -> int:
         """Capture the CUDA graph of every bucket a batch within the token budget can use (before
         ready; the batcher keeps batches within that budget); returns how many graphs are resident."""
-        if self.graphs is None or (self.packing is not None and not self.graphs.graphs):
+        if self.graphs is None or (self.packing is not None and not self.graphs.use_graphs):
             return 0
         buckets = (self.packing.warm_buckets() if self.packing is not None
                    else self.graphs.plan.warm_buckets(self.max_batch_tokens))
@@ -131,11 +132,12 @@ class TorchRunner:
         b = self.graphs.plan.bucket(min(rows, self.graphs.plan.max_rows), min(longest, self.graphs.plan.max_tokens), 1)
         return b.rows * b.tokens * -(-rows // b.rows)
 
-    def run_rows(self, rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    def run_rows(self, rows, pad_id: int, pad_to: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
         """(logits float32 [n, K], act_logits [n, n_act]) for token rows, K >= every row's marker count;
-        packed in as few forwards as the plan allows, else padded like upstream's collate."""
+        packed in as few forwards as the plan allows, else padded like upstream's collate (to at least
+        `pad_to` tokens; packed rows have no padding to round)."""
         if self.packing is None:
-            return self.forward(rows.pad(pad_id))
+            return self.forward(rows.pad(pad_id, pad_to=pad_to))
         K = max(1, int(rows.marker_counts.max())) if rows.n else 1
         logits = np.full((rows.n, K), -1e4, dtype=np.float32)
         act = np.empty((rows.n, self.n_act), dtype=np.float32)
@@ -220,8 +222,8 @@ class MlxRunner:
     def forward(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
         return self.model.forward(**batch)
 
-    def run_rows(self, rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.forward(rows.pad(pad_id))
+    def run_rows(self, rows, pad_id: int, pad_to: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+        return self.forward(rows.pad(pad_id, pad_to=pad_to))
 
     def device(self) -> str:
         return self.model.device          # "mlx:gpu" or "mlx:cpu", from MLX itself

@@ -48,8 +48,8 @@ class Predictor:
         """Before the first real call: capture the CUDA graphs (as the inference service does before
         ready), then one request of each question type through every stage (tokenizer, forward,
         decoding), so the first call pays no first-use cost (lazy imports, caches, allocations)."""
-        from inference_svc.registry import _warm
-        _warm(self.runner, self.checkpoint, self.encoder.pad_id)
+        from inference_svc.registry import warm_runner
+        warm_runner(self.runner, self.checkpoint, self.encoder.pad_id)
         self.predict("Warm-up: the parcel arrived late and the box was damaged.", {
             "intent": {"type": "choice", "instructions": "What does the customer want?",
                        "criteria": {"refund": "money back", "exchange": "a new item"}},

@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
               help="Prometheus metrics, one endpoint per process: gateway 0 on PORT, inference on PORT+1, "
                    "tokenizer i on PORT+2+i, gateway j>0 after the tokenizers (off by default)")
-    busy_poll.add_flag(p)        # handed to every child through LAYA_BUSY_POLL_US
+    busy_poll.add_flag(p)        # handed to every child as --busy-poll-us (child_argvs)
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
               help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
 

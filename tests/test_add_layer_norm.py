@@ -20,7 +20,8 @@ import torch.nn.functional as F  # noqa: E402
 from inference_svc import cuda_kernels as ck  # noqa: E402
 from inference_svc.torch_model import LayaTorch  # noqa: E402
 from laya_grpc.errors import LayaError  # noqa: E402
-from test_fused_encoder import _batch  # noqa: E402  (tests/ is on sys.path under pytest)
+from test_cuda_attention import _spy  # noqa: E402  (tests/ is on sys.path under pytest)
+from test_fused_encoder import _batch  # noqa: E402
 
 EPS = 1e-5
 
@@ -132,17 +133,6 @@ def _count_layer_norms(model):
     return calls
 
 
-def _spy(monkeypatch, name):
-    calls = []
-    real = getattr(ck, name)
-
-    def wrapper(*a, **kw):
-        calls.append(name)
-        return real(*a, **kw)
-    monkeypatch.setattr(ck, name, wrapper)
-    return calls
-
-
 @pytest.mark.parametrize("preset", ["tiny", "tiny-par"])
 def test_encode_fused_add_norm_triton_vs_addmm_vs_encode(preset, tiny_ckpt, tiny_par_ckpt, monkeypatch):
     """Hidden states of the real positions, fp32 on CPU: add_norm "triton" against "addmm" and the
@@ -164,7 +154,7 @@ def test_encode_fused_add_norm_triton_vs_addmm_vs_encode(preset, tiny_ckpt, tiny
         norms.clear()
         model.use_fused_kernels()
         assert model.add_norm == "triton"
-        add_calls, ln_calls = _spy(monkeypatch, "add_layer_norm"), _spy(monkeypatch, "layer_norm")
+        add_calls, ln_calls = _spy(monkeypatch, ck, "add_layer_norm"), _spy(monkeypatch, ck, "layer_norm")
         new = model.encode_fused(*args)
     assert (len(norms), len(add_calls), len(ln_calls)) == (0, 2 * n_layers, 1)
     m = b["attention_mask"].bool()

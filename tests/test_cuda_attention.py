@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import types
 
-import numpy as np
 import pytest
 
 import triton_interpreter  # noqa: E402  (first: sets TRITON_INTERPRET before triton is imported)
