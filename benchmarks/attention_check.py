@@ -141,7 +141,7 @@ def graph_time(torch, fn) -> float:
 
 def timings(torch, ca) -> list[tuple]:
     import torch.nn.functional as F
-    from inference_svc import cuda_kernels as ck
+    from laya_grpc.inference import cuda_kernels as ck
     rows = []
     g = torch.Generator(device="cuda").manual_seed(1)
     dt = torch.float16
@@ -233,9 +233,9 @@ def whole_model(torch, ckpt_dir: str) -> None:
 
     import numpy as np
     from benchmarks.model_speed import replay_ms, rows
-    from inference_svc.cuda_graphs import BucketPlan, CudaGraphForward
-    from inference_svc.torch_model import LayaTorch
-    from laya_grpc.make_checkpoint import make_checkpoint
+    from laya_grpc.inference.cuda_graphs import BucketPlan, CudaGraphForward
+    from laya_grpc.inference.torch_model import LayaTorch
+    from laya_grpc.cli.make_checkpoint import make_checkpoint
     path = ckpt_dir if os.path.exists(os.path.join(ckpt_dir, "model.safetensors")) else make_checkpoint(ckpt_dir, "large")
     model = LayaTorch.from_checkpoint(path, device="cuda", dtype=torch.float16)
     plan = BucketPlan(max_rows=256, max_tokens=512)
@@ -268,7 +268,7 @@ def whole_model(torch, ckpt_dir: str) -> None:
 def main(argv=None) -> int:
     import argparse
     import torch
-    from inference_svc import cuda_attention as ca
+    from laya_grpc.inference import cuda_attention as ca
     p = argparse.ArgumentParser(prog="python3 -m benchmarks.attention_check")
     p.add_argument("--model", metavar="DIR", help="also time the whole large model, triton vs sdpa attention "
                                                    "(makes a `large` checkpoint in DIR if missing)")

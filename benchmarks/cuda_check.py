@@ -20,8 +20,8 @@ import numpy as np
 
 def check_kernels(torch) -> list[str]:
     import torch.nn.functional as F
-    from inference_svc import cuda_kernels as ck
-    from inference_svc.torch_model import _rotate_half
+    from laya_grpc.inference import cuda_kernels as ck
+    from laya_grpc.inference.torch_model import _rotate_half
     bad = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for B, L, H, hd, par in ((1, 160, 16, 64, False), (8, 96, 16, 64, True), (3, 40, 3, 12, True)):
@@ -67,7 +67,7 @@ def check_add_layer_norm(torch, g) -> list[str]:
     fp32 to 1e-5 (there the reduction order shows directly). The no-`o` variant (the embedding
     norm) the same against F.layer_norm(x)."""
     import torch.nn.functional as F
-    from inference_svc import cuda_kernels as ck
+    from laya_grpc.inference import cuda_kernels as ck
     bad = []
     eps = 1e-5
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
@@ -102,12 +102,12 @@ def check_add_layer_norm(torch, g) -> list[str]:
 
 
 def check_runners(torch, work: str) -> list[str]:
-    from laya_grpc.make_checkpoint import make_checkpoint
-    from laya_grpc.packed_rows import PackedRows
-    from laya_grpc.questions import parse_questions
-    from laya_grpc.sources import open_source
-    from inference_svc.runners import TorchRunner
-    from tokenizer_svc.encoding import TextEncoder
+    from laya_grpc.cli.make_checkpoint import make_checkpoint
+    from laya_grpc.core.packed_rows import PackedRows
+    from laya_grpc.core.questions import parse_questions
+    from laya_grpc.core.sources import open_source
+    from laya_grpc.inference.runners import TorchRunner
+    from laya_grpc.tokenizer.encoding import TextEncoder
     bad = []
     questions = parse_questions({
         "c%d" % n: {"type": "choice", "instructions": "Pick one of %d." % n,
@@ -152,7 +152,7 @@ def encoder_rounding(torch, path: str, batch) -> None:
     `encode` rounds) and "addmm" (residual inside the GEMM, one rounding), with either attention
     (attn_impl; the parallel layout takes SDPA in both). Attention that differs from `encode`'s adds
     its own rounding to both, so the add/norm part shows as the gap between the two add_norm lines."""
-    from inference_svc.torch_model import LayaTorch
+    from laya_grpc.inference.torch_model import LayaTorch
     model = LayaTorch.from_checkpoint(path, "cuda", torch.float16)
     t = {k: torch.from_numpy(np.ascontiguousarray(v)).cuda() for k, v in batch.items()}
     args = (t["input_ids"], t["attention_mask"], t.get("position_ids"), t.get("option_ids"))

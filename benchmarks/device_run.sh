@@ -30,5 +30,5 @@ case ",$PHASES," in *,model,*)
 esac
 case ",$PHASES," in *,bench,*)
   timeout ${BENCH_TIMEOUT:-480} python3 -m laya_grpc.cli bench --out $OUT --work-dir /tmp/lb --stages ${STAGES:-engine,upstream,service} 2>&1 | grep -v '"kind": "latency"' | tail -60
-  python3 -m benchmarks.report $OUT ;;
+  python3 -m laya_grpc.bench.report $OUT ;;
 esac

@@ -38,8 +38,8 @@ TIMING_LINE = re.compile(r"initialised in|loaded .* in|captured \d+ CUDA graphs|
 def kernel_study(a, rec) -> list:
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from inference_svc.cuda_graphs import BucketPlan, CudaGraphForward, field_views
-    from inference_svc.torch_model import LayaTorch
+    from laya_grpc.inference.cuda_graphs import BucketPlan, CudaGraphForward, field_views
+    from laya_grpc.inference.torch_model import LayaTorch
     model = LayaTorch.from_checkpoint(a.ckpt, "cuda", torch.float16)
     model.use_fused_kernels()
     plan = BucketPlan(max_rows=256, max_tokens=512)
@@ -81,7 +81,7 @@ def kernel_study(a, rec) -> list:
 
 
 def startup_study(a, rec) -> list:
-    from benchmarks.service import Served
+    from laya_grpc.bench.service import Served
     cache = tempfile.mkdtemp(prefix="triton-cache-")
     out = []
     for label in ("cold_triton_cache", "warm_triton_cache"):
@@ -114,7 +114,7 @@ def startup_study(a, rec) -> list:
 def hops_study(a, rec, cache: str | None) -> list:
     """Per-hop latency (benchmarks/hops.py) of a served stack, per serve configuration."""
     import subprocess
-    from benchmarks.service import Served
+    from laya_grpc.bench.service import Served
     env = {"LAYA_MAX_CONCURRENT": "256"}
     if cache:
         env["TRITON_CACHE_DIR"] = cache

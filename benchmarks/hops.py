@@ -7,11 +7,11 @@ service's own model_ms/queue_ms. Point it at a `laya-grpc serve --run-dir DIR` s
     .venv/bin/python -m benchmarks.hops --run-dir DIR --http 127.0.0.1:18000 --grpc 127.0.0.1:50551 \
         [--checkpoint english] [-n 500] [--inproc /path/to/checkpoint]
 
-`--inproc` also times the same request in this process (`laya_grpc.pipeline.Predictor`, torch CPU).
+`--inproc` also times the same request in this process (`laya_grpc.cli.predictor.Predictor`, torch CPU).
 On a small CPU-only machine start the stack with OMP_NUM_THREADS=1: torch's intra-op threads spin
 between forwards (~10 ms of CPU per request measured on 2 cores) and take the cores the gateway
 and tokenizer need, which then shows up as hop time. Requests use fresh-enough connections kept
-alive for the whole run; the first request after ready is timed by `python -m benchmarks.service first`.
+alive for the whole run; the first request after ready is timed by `python -m laya_grpc.bench.service first`.
 """
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ import time
 import grpc
 import numpy as np
 
-from laya_grpc import rpc
-from laya_grpc.questions import parse_questions
+from laya_grpc.core import rpc
+from laya_grpc.core.questions import parse_questions
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
-from tokenizer_svc.wire import question_to_text
+from laya_grpc.core.question_wire import question_to_text
 
 STATE = "My phone arrived broken and I want my money back today."
 QUESTIONS = {"angry": {"type": "noul", "instructions": "Is the customer angry?"}}
@@ -74,7 +74,7 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     a = p.parse_args()
 
-    from clients import LayaClient
+    from laya_grpc.client import LayaClient
     tok = tokenizer_pb2_grpc.TokenizerServiceStub(
         grpc.insecure_channel("unix:" + os.path.join(a.run_dir, "tokenizer-0.sock"), options=rpc.CHANNEL_OPTIONS))
     inf = inference_pb2_grpc.InferenceServiceStub(
@@ -97,7 +97,7 @@ def main() -> None:
     hops = {"tokenizer RPC": lambda: tok.Tokenize(treq), "inference RPC": infer,
             "gRPC Decide": lambda: client.decide(STATE, QUESTIONS), "HTTP /v1/systemone": http.post}
     if a.inproc:
-        from laya_grpc.pipeline import Predictor
+        from laya_grpc.cli.predictor import Predictor
         pred = Predictor(a.inproc, device="cpu")
         hops["in-process Predictor"] = lambda: pred.predict(STATE, QUESTIONS)
     times = {k: [] for k in hops}

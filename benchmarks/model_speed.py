@@ -30,7 +30,7 @@ PARITY_TOL_DP, PARITY_TIE_MARGIN = 1e-2, 0.04
 
 def rows(lengths, markers, vocab, seed):
     """Padded batch of rows with the given token counts (random ids, markers at 2, 4, ...)."""
-    from laya_grpc.packed_rows import PackedRows
+    from laya_grpc.core.packed_rows import PackedRows
     rng = np.random.default_rng(seed)
     lengths = np.asarray(lengths, dtype=np.int32)
     ks = np.full(len(lengths), markers, dtype=np.int32) if np.isscalar(markers) else np.asarray(markers, np.int32)
@@ -45,7 +45,7 @@ def rows(lengths, markers, vocab, seed):
 def ensure_large(ckpt: str, rec) -> None:
     """The random-weight `large` checkpoint at `ckpt`, made (and timed) when it is missing."""
     if not os.path.exists(os.path.join(ckpt, "model.safetensors")):
-        from laya_grpc.make_checkpoint import make_checkpoint
+        from laya_grpc.cli.make_checkpoint import make_checkpoint
         t = time.perf_counter()
         make_checkpoint(ckpt, "large")
         rec("make_checkpoint", s=time.perf_counter() - t)
@@ -162,19 +162,19 @@ class Packed:
     padded-batch interface, so every figure here is taken the same way for both."""
 
     def __init__(self, model, dev):
-        from inference_svc.cuda_graphs import PackedForward
-        from inference_svc.packing import PackedPlan
+        from laya_grpc.inference.cuda_graphs import PackedForward
+        from laya_grpc.inference.packing import PackedPlan
         self.plan = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=16384)
         self.pf = PackedForward(model, dev, self.plan)
         self.cache = self.pf.cache
 
     def bucket(self, b):
-        from inference_svc.packing import rows_from_padded
+        from laya_grpc.inference.packing import rows_from_padded
         r = rows_from_padded(b)
         return self.plan.bucket(r.n, len(r.ids), int(r.marker_counts.max()))
 
     def forward(self, b):
-        from inference_svc.packing import rows_from_padded
+        from laya_grpc.inference.packing import rows_from_padded
         lg, act = self.pf.forward(rows_from_padded(b), 0)
         return lg[:, : b["marker_pos"].shape[1]], act
 
@@ -188,7 +188,7 @@ class Packed:
 def measure(a, rec, torch, model, plan, bench, refs, par_batches, rng, vocab, mode):
     """Capture the bench buckets, time each, check parity, then check steady state."""
     from functools import partial
-    from inference_svc.cuda_graphs import CudaGraphForward
+    from laya_grpc.inference.cuda_graphs import CudaGraphForward
     rec = partial(rec, mode=mode)
     set_mode(torch, model, mode)
     packed = mode == "packed"
@@ -250,8 +250,8 @@ def main(argv=None) -> int:
 
     t = time.perf_counter()
     import torch
-    from inference_svc.cuda_graphs import BucketPlan
-    from inference_svc.torch_model import LayaTorch
+    from laya_grpc.inference.cuda_graphs import BucketPlan
+    from laya_grpc.inference.torch_model import LayaTorch
     torch.zeros(1, device="cuda")
     rec("cuda_init", s=time.perf_counter() - t, torch=torch.__version__, gpu=torch.cuda.get_device_name())
 

@@ -2,7 +2,7 @@
 
 `python -m benchmarks.tokenize_speed --ckpt DIR [--iters N] [--sweep]`
 
-"old" is what tokenizer_svc.encoding did before: one `encode_batch` of each whole text.
+"old" is what laya_grpc.tokenizer.encoding did before: one `encode_batch` of each whole text.
 "new" is the current TextEncoder (encode_batch_fast, long states cut into pieces where exact).
 Both run interleaved in one process, steady state (question heads cached, as when serving), and
 must give the same rows and usage. `--sweep` also times the bare encode of one text of growing
@@ -17,12 +17,12 @@ import time
 
 import numpy as np
 
-from benchmarks.inputs import _WORDS, named_cases
-from laya_grpc.packed_rows import PackedRows
-from laya_grpc.questions import parse_questions
-from laya_grpc.sources import open_source
-from tokenizer_svc import split_encode
-from tokenizer_svc.encoding import TextEncoder
+from laya_grpc.bench.inputs import _WORDS, named_cases
+from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.core.questions import parse_questions
+from laya_grpc.core.sources import open_source
+from laya_grpc.tokenizer import split_encode
+from laya_grpc.tokenizer.encoding import TextEncoder
 
 
 def _pct(us: list, q: float) -> float:

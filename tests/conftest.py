@@ -15,7 +15,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 
-from laya_grpc.make_checkpoint import make_checkpoint
+from laya_grpc.cli.make_checkpoint import make_checkpoint
 
 
 @pytest.fixture(scope="session")

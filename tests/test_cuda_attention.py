@@ -18,10 +18,10 @@ triton_interpreter.require()
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-from inference_svc import cuda_attention as ca  # noqa: E402
-from inference_svc import cuda_kernels as ck  # noqa: E402
-from inference_svc.torch_model import LayaTorch, _rotate_half  # noqa: E402
-from laya_grpc.netspec import FULL, SLIDING  # noqa: E402
+from laya_grpc.inference import cuda_attention as ca  # noqa: E402
+from laya_grpc.inference import cuda_kernels as ck  # noqa: E402
+from laya_grpc.inference.torch_model import LayaTorch, _rotate_half  # noqa: E402
+from laya_grpc.core.netspec import FULL, SLIDING  # noqa: E402
 from test_fused_encoder import _batch  # noqa: E402  (tests/ is on sys.path under pytest)
 
 
@@ -169,7 +169,7 @@ def test_encode_fused_equals_reference(preset, attn_impl, tiny_ckpt, tiny_ml_ckp
 
 
 def test_attn_impl_is_checked(tiny_ckpt):
-    from laya_grpc.errors import LayaError
+    from laya_grpc.core.errors import LayaError
     model = LayaTorch.from_checkpoint(tiny_ckpt)
     with pytest.raises(LayaError, match="attn_impl must be one of"):
         model.use_fused_kernels(attn_impl="flash")

@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from inference_svc.cuda_graphs import Bucket, BucketPlan, GraphCache, field_sizes, field_views, fill_bucket
-from laya_grpc.errors import LayaError
-from inference_svc.registry import synthetic_rows
+from laya_grpc.inference.cuda_graphs import Bucket, BucketPlan, GraphCache, field_sizes, field_views, fill_bucket
+from laya_grpc.core.errors import LayaError
+from laya_grpc.inference.registry import synthetic_rows
 
 
 def test_bucket_rounds_up_rows_tokens_markers():
@@ -71,7 +71,7 @@ def test_bucket_padding_is_exact_for_real_rows(which, request):
     """Extra rows, token columns (padding queries far past tiny's 16-token window) and marker slots
     change nothing in the real rows' outputs on the CPU fp32 network."""
     torch = pytest.importorskip("torch")
-    from inference_svc.torch_model import LayaTorch
+    from laya_grpc.inference.torch_model import LayaTorch
     ckpt = request.getfixturevalue(which)
     model = LayaTorch.from_checkpoint(ckpt)
     rows = synthetic_rows(3, 40, 4, vocab=model.spec.vocab_size, seed=2)
@@ -97,8 +97,8 @@ def test_bucket_padding_is_exact_for_real_rows(which, request):
 
 
 def test_batcher_budget_and_keep_warm(tiny_ckpt):
-    from inference_svc.batcher import Batcher
-    from inference_svc.runners import TorchRunner
+    from laya_grpc.inference.batcher import Batcher
+    from laya_grpc.inference.runners import TorchRunner
     runner = TorchRunner(tiny_ckpt, "cpu", None)
     assert runner.batch_cost(3, 50, 120) == 150   # eager CPU: no buckets, the batch's own size
     b = Batcher(lambda name: runner, lambda name: 0, keep_warm_s=0.05)
@@ -118,8 +118,8 @@ def test_batcher_budget_and_keep_warm(tiny_ckpt):
 def test_batcher_splits_a_batch_over_the_token_budget(tiny_ckpt):
     """One job larger than the budget runs as several forwards that each fit it, with the same
     answers as one forward (so a coalesced or huge request never needs an uncaptured shape)."""
-    from inference_svc.batcher import Batcher
-    from inference_svc.runners import TorchRunner
+    from laya_grpc.inference.batcher import Batcher
+    from laya_grpc.inference.runners import TorchRunner
     runner = TorchRunner(tiny_ckpt, "cpu", None)
     shapes = []
     forward = runner.forward

@@ -25,11 +25,11 @@ from laya.agent import Agent
 from laya.common import clamp_temperature as up_clamp
 from laya.common import temp_bucket as up_bucket
 
-from laya_grpc.confidence_gate import apply_gate, check_min_confidence
-from laya_grpc.decode import add_serve_fields, decode_answer, project_jev_strict
-from laya_grpc.errors import Kind, LayaError
-from laya_grpc.questions import parse_questions
-from laya_grpc.temperatures import Temperatures, clamp_temperature, option_bucket
+from laya_grpc.core.confidence_gate import apply_gate, check_min_confidence
+from laya_grpc.core.decode import add_serve_fields, decode_answer, project_jev_strict
+from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.questions import parse_questions
+from laya_grpc.core.temperatures import Temperatures, clamp_temperature, option_bucket
 
 CONFIGS = {
     "none": {},
@@ -326,6 +326,6 @@ def test_decode_is_torch_free():
     import subprocess
     import sys
     code = ("import sys; sys.modules['torch'] = None; "
-            "import laya_grpc.decode, laya_grpc.temperatures, laya_grpc.confidence_gate; print('ok')")
+            "import laya_grpc.core.decode, laya_grpc.core.temperatures, laya_grpc.core.confidence_gate; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -4,7 +4,7 @@ Gateway workers share the --http and --grpc ports (SO_REUSEPORT), so a connectio
 them at random; each also serves its own control socket in the run dir, and that is where this test
 looks, right when the `laya-grpc: ready` line appears: every worker must already be SERVING and
 report a warm-up that went through every tokenizer worker. (Timing is not asserted here: the first-request latency is measured by
-`python -m benchmarks.service first`.)
+`python -m laya_grpc.bench.service first`.)
 """
 import os
 import re
@@ -13,7 +13,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from laya_grpc import rpc
+from laya_grpc.core import rpc
 from laya_proto.v1 import decision_pb2_grpc, status_pb2
 from stack import Stack
 

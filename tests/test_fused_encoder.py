@@ -18,14 +18,14 @@ pytest.importorskip("triton")
 
 import torch.nn.functional as F  # noqa: E402
 
-from inference_svc import cuda_kernels as ck  # noqa: E402
-from inference_svc.runners import TorchRunner, resolve_kernels  # noqa: E402
-from inference_svc.torch_model import LayaTorch, _rotate_half  # noqa: E402
-from laya_grpc.errors import LayaError  # noqa: E402
-from laya_grpc.packed_rows import PackedRows  # noqa: E402
-from laya_grpc.questions import parse_questions  # noqa: E402
-from laya_grpc.sources import open_source  # noqa: E402
-from tokenizer_svc.encoding import TextEncoder  # noqa: E402
+from laya_grpc.inference import cuda_kernels as ck  # noqa: E402
+from laya_grpc.inference.runners import TorchRunner, resolve_kernels  # noqa: E402
+from laya_grpc.inference.torch_model import LayaTorch, _rotate_half  # noqa: E402
+from laya_grpc.core.errors import LayaError  # noqa: E402
+from laya_grpc.core.packed_rows import PackedRows  # noqa: E402
+from laya_grpc.core.questions import parse_questions  # noqa: E402
+from laya_grpc.core.sources import open_source  # noqa: E402
+from laya_grpc.tokenizer.encoding import TextEncoder  # noqa: E402
 
 
 @pytest.mark.parametrize("B,L,H,hd,par,dtype", [(2, 24, 4, 16, False, torch.float32), (3, 20, 3, 12, True, torch.float32),

@@ -12,7 +12,7 @@ import grpc
 import httpx
 import pytest
 
-from laya_grpc.errors import KIND_METADATA_KEY, Kind
+from laya_grpc.core.errors import KIND_METADATA_KEY, Kind
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc
 from stack import Stack
 from test_http_contract import BATCH, ERRORS, HAPPY, KEY, _encode
@@ -118,8 +118,8 @@ def test_decide_stream_answers_and_fails_exactly_as_decide(stack):
     call's answer equals unary Decide's, each error has Decide's kind and detail, and the stream
     keeps serving after errors."""
     import asyncio
-    from laya_grpc.errors import LayaError
-    from laya_grpc.streams import StreamMux
+    from laya_grpc.core.errors import LayaError
+    from laya_grpc.core.streams import StreamMux
     md = (("authorization", "Bearer " + stack.key),) if stack.key else None
     stub = decision_pb2_grpc.DecisionServiceStub(stack.channel)
     probes = [t for t in (_utf8(_encode(b)) for b in list(HAPPY.values()) + list(ERRORS.values())) if t]
@@ -156,8 +156,8 @@ def test_decide_stream_auth(stack):
     if not stack.key:
         pytest.skip("auth off")
     import asyncio
-    from clients import AsyncLayaClient
-    from laya_grpc.errors import LayaError
+    from laya_grpc.client import AsyncLayaClient
+    from laya_grpc.core.errors import LayaError
 
     async def main(key):
         async with AsyncLayaClient(stack.grpc, api_key=key) as c:

@@ -10,17 +10,17 @@ import json
 import numpy as np
 import pytest
 
-from gateway.coalesce import InferCoalescer
-from gateway.contract import _may_hold_lone_surrogate, load_json
-from gateway.grpc_api import pack_result
-from gateway.render import render_json
-from laya_grpc.confidence_gate import apply_gate
-from laya_grpc.controls import has_lone_surrogate
-from laya_grpc.decode import add_serve_fields, decode_answer
-from laya_grpc.errors import LayaError
-from laya_grpc.packed_rows import PackedRows
-from laya_grpc.questions import parse_questions
-from laya_grpc.temperatures import Temperatures
+from laya_grpc.gateway.coalesce import InferCoalescer
+from laya_grpc.gateway.contract import _may_hold_lone_surrogate, load_json
+from laya_grpc.gateway.grpc_api import pack_result
+from laya_grpc.gateway.render import render_json
+from laya_grpc.core.confidence_gate import apply_gate
+from laya_grpc.core.controls import has_lone_surrogate
+from laya_grpc.core.decode import add_serve_fields, decode_answer
+from laya_grpc.core.errors import LayaError
+from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.core.questions import parse_questions
+from laya_grpc.core.temperatures import Temperatures
 from laya_proto.v1 import decision_pb2
 
 I32 = np.dtype("<i4")

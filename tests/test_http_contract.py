@@ -25,7 +25,7 @@ import pytest
 
 laya = pytest.importorskip("laya")
 
-from laya_grpc.make_checkpoint import make_checkpoint  # noqa: E402
+from laya_grpc.cli.make_checkpoint import make_checkpoint  # noqa: E402
 
 S = "I was charged twice for my order. Please refund the duplicate today."
 CHOICE = {"type": "choice", "instructions": "Which team should handle this?",
@@ -603,7 +603,7 @@ def test_unauthorized_gets_401_while_saturated(gateway):
 
 # --------------------------------------------------------------------------------- import hygiene
 def test_gateway_never_imports_torch_or_mlx():
-    code = ("import sys, gateway.http_app, gateway.decider, gateway.contract; "
+    code = ("import sys, laya_grpc.gateway.http_app, laya_grpc.gateway.decider, laya_grpc.gateway.contract; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mlx')); "
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -18,8 +18,8 @@ import grpc
 import numpy as np
 import pytest
 
-from laya_grpc.errors import Kind, LayaError
-from laya_grpc.streams import StreamMux, UnaryCaller
+from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.streams import StreamMux, UnaryCaller
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from stack import Stack
 

@@ -17,11 +17,11 @@ import sys
 
 import pytest
 
-from laya_grpc.questions import parse_questions
-from tokenizer_svc import split_encode
-from tokenizer_svc.encoding import EncodeJob, TextEncoder
-from tokenizer_svc.special_tokens import load_tokenizer
-from tokenizer_svc.split_encode import FastEncoder, PieceIds, WholeTextEncoder, analyse, cut_points, split_text
+from laya_grpc.core.questions import parse_questions
+from laya_grpc.tokenizer import split_encode
+from laya_grpc.tokenizer.encoding import EncodeJob, TextEncoder
+from laya_grpc.tokenizer.special_tokens import load_tokenizer
+from laya_grpc.tokenizer.split_encode import FastEncoder, PieceIds, WholeTextEncoder, analyse, cut_points, split_text
 
 from tokenizers import Tokenizer
 
@@ -325,7 +325,7 @@ def test_rows_and_usage_match_upstream_with_dense_cuts(pair):
 _CHILD = """
 import os, sys
 from tokenizers import Tokenizer
-from tokenizer_svc.split_encode import FastEncoder, rayon_threads
+from laya_grpc.tokenizer.split_encode import FastEncoder, rayon_threads
 tok = Tokenizer.from_file(sys.argv[1])
 tok.encode_batch_fast(["some text to encode"] * 256, add_special_tokens=False)
 print(rayon_threads(), len(os.listdir("/proc/self/task")))

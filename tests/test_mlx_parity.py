@@ -1,4 +1,4 @@
-"""MLX forward (`inference_svc.mlx_model.LayaMLX`) vs upstream laya 0.4.15's own model forward.
+"""MLX forward (`laya_grpc.inference.mlx_model.LayaMLX`) vs upstream laya 0.4.15's own model forward.
 
 Upstream encodes and collates the rows itself (`Agent._encode_state` + `collate_items`), runs
 `agent.model` on CPU fp32, and the same numpy arrays go through MLX. Rows cover padding,
@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 from laya.common import collate_items  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from inference_svc.mlx_model import LayaMLX  # noqa: E402
-from laya_grpc.errors import CheckpointError, Kind, LayaError  # noqa: E402
+from laya_grpc.inference.mlx_model import LayaMLX  # noqa: E402
+from laya_grpc.core.errors import CheckpointError, Kind, LayaError  # noqa: E402
 
 PRESETS = ("tiny", "tiny-ml", "tiny-par")
 FP32_TOL = 1e-4

@@ -290,7 +290,7 @@ def test_bad_checkpoint_is_exit_2_naming_the_file(tiny_ckpt, tmp_path, capsys, c
 
 def test_predictor_batch_matches_upstream_batch(ckpts, upstream_threads, upstream_agent):
     """In process: `Predictor.predict_batch` (all states in one forward) vs `Agent.predict_batch`."""
-    from laya_grpc.pipeline import Predictor
+    from laya_grpc.cli.predictor import Predictor
     path = ckpts["tiny-ml"]
     rng = np.random.default_rng(11)
     states = [_state(rng) for _ in range(7)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from inference_svc.batcher import Batcher
-from inference_svc.devices import pick_device
-from inference_svc.registry import Registry
+from laya_grpc.inference.batcher import Batcher
+from laya_grpc.inference.devices import pick_device
+from laya_grpc.inference.registry import Registry
 
 
 def test_concurrent_loads_never_exceed_max_loaded(tiny_ckpt, tiny_ml_ckpt, tiny_par_ckpt):

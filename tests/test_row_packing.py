@@ -21,14 +21,14 @@ import triton_interpreter  # noqa: E402  (first: sets TRITON_INTERPRET before tr
 triton_interpreter.require()
 torch = pytest.importorskip("torch")
 
-from inference_svc import cuda_attention as ca  # noqa: E402
-from inference_svc.cuda_graphs import PackedForward  # noqa: E402
-from inference_svc.packing import PackedBucket, PackedPlan, fill, rows_from_padded  # noqa: E402
-from inference_svc.registry import synthetic_rows  # noqa: E402
-from inference_svc.runners import TorchRunner, resolve_pack_rows  # noqa: E402
-from inference_svc.torch_model import LayaTorch  # noqa: E402
-from laya_grpc.errors import LayaError  # noqa: E402
-from laya_grpc.packed_rows import PackedRows  # noqa: E402
+from laya_grpc.inference import cuda_attention as ca  # noqa: E402
+from laya_grpc.inference.cuda_graphs import PackedForward  # noqa: E402
+from laya_grpc.inference.packing import PackedBucket, PackedPlan, fill, rows_from_padded  # noqa: E402
+from laya_grpc.inference.registry import synthetic_rows  # noqa: E402
+from laya_grpc.inference.runners import TorchRunner, resolve_pack_rows  # noqa: E402
+from laya_grpc.inference.torch_model import LayaTorch  # noqa: E402
+from laya_grpc.core.errors import LayaError  # noqa: E402
+from laya_grpc.core.packed_rows import PackedRows  # noqa: E402
 from test_cuda_attention import _reference  # noqa: E402  (tests/ is on sys.path under pytest)
 from test_fused_encoder import _batch  # noqa: E402
 
@@ -220,7 +220,7 @@ def _packed_cpu_runner(path: str, max_batch_tokens: int) -> TorchRunner:
 
 
 def test_runner_and_batcher_pack_and_split_with_unchanged_answers(tiny_ckpt):
-    from inference_svc.batcher import Batcher
+    from laya_grpc.inference.batcher import Batcher
     ref = TorchRunner(tiny_ckpt, "cpu", None)
     runner = _packed_cpu_runner(tiny_ckpt, max_batch_tokens=160)
     jobs = [synthetic_rows(r, t, m, ref.vocab_size, seed=r * t) for r, t, m in ((3, 40, 3), (1, 150, 5), (4, 20, 2))]

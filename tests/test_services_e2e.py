@@ -14,8 +14,8 @@ import warnings
 import grpc
 import pytest
 
-from clients import AsyncLayaClient, LayaClient
-from laya_grpc.errors import Kind, LayaError
+from laya_grpc.client import AsyncLayaClient, LayaClient
+from laya_grpc.core.errors import Kind, LayaError
 from laya_proto.v1 import status_pb2
 from stack import ROOT, Stack
 

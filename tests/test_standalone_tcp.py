@@ -62,7 +62,7 @@ def test_http_listen_socket_gets_tcp_nodelay_connections():
     """The gateway's own HTTP socket must be IPPROTO_TCP, or asyncio leaves Nagle on for every
     accepted connection and each response waits ~40 ms for a delayed ACK."""
     import socket
-    from gateway.server import listen_socket
+    from laya_grpc.gateway.server import listen_socket
     sock = listen_socket("127.0.0.1", 0, reuse_port=True)
     try:
         assert sock.proto == socket.IPPROTO_TCP
@@ -75,8 +75,8 @@ def test_gateway_and_tokenizer_processes_never_import_torch_or_mlx():
     """What `laya-grpc gateway` and `laya-grpc tokenizer` load (their whole command path) stays
     free of torch and mlx; only the inference service may load them."""
     code = ("import sys; from laya_grpc import cli; import argparse; "
-            "import gateway.server, gateway.remote, gateway.grpc_api, tokenizer_svc.server, clients.cli, laya_grpc.serve; "
-            "[m.add_arguments(argparse.ArgumentParser()) for m in (gateway.server, tokenizer_svc.server, laya_grpc.serve)]; "
+            "import laya_grpc.gateway.server, laya_grpc.gateway.remote, laya_grpc.gateway.grpc_api, laya_grpc.tokenizer.server, laya_grpc.cli.remote, laya_grpc.cli.serve; "
+            "[m.add_arguments(argparse.ArgumentParser()) for m in (laya_grpc.gateway.server, laya_grpc.tokenizer.server, laya_grpc.cli.serve)]; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mlx')); print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -1,4 +1,4 @@
-"""Token rows and usage of `tokenizer_svc.encoding` vs upstream laya 0.4.15 on the same checkpoints.
+"""Token rows and usage of `laya_grpc.tokenizer.encoding` vs upstream laya 0.4.15 on the same checkpoints.
 
 For every case and every fixture (tiny: ModernBERT-like BPE; tiny-ml: Gemma-like; tiny-par: the
 parallel option layout) the ids, markers, qtype, position/option ids must equal what upstream's
@@ -12,9 +12,9 @@ import pytest
 
 laya = pytest.importorskip("laya")
 
-from laya_grpc.errors import Kind, LayaError  # noqa: E402
-from laya_grpc.questions import parse_questions  # noqa: E402
-from tokenizer_svc.encoding import TextEncoder  # noqa: E402
+from laya_grpc.core.errors import Kind, LayaError  # noqa: E402
+from laya_grpc.core.questions import parse_questions  # noqa: E402
+from laya_grpc.tokenizer.encoding import TextEncoder  # noqa: E402
 
 PRESETS = ("tiny", "tiny-ml", "tiny-par")
 

@@ -4,10 +4,10 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 
-from laya_grpc.errors import LayaError
-from laya_grpc.questions import parse_questions
-from tokenizer_svc.encoding import EncodeJob, TextEncoder
-from tokenizer_svc.microbatch import MicroBatcher
+from laya_grpc.core.errors import LayaError
+from laya_grpc.core.questions import parse_questions
+from laya_grpc.tokenizer.encoding import EncodeJob, TextEncoder
+from laya_grpc.tokenizer.microbatch import MicroBatcher
 
 Q = parse_questions({"a": {"type": "choice", "instructions": "pick one", "criteria": ["x", "y", "z"]},
                      "b": {"type": "noul", "instructions": "is it so?"}})

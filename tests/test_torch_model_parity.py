@@ -1,4 +1,4 @@
-"""Plain-torch forward (`inference_svc.torch_model.LayaTorch`) vs upstream laya 0.4.15's own model.
+"""Plain-torch forward (`laya_grpc.inference.torch_model.LayaTorch`) vs upstream laya 0.4.15's own model.
 
 Upstream encodes and collates the rows itself (`Agent._encode_state` + `collate_items`) and runs
 `agent.model` on CPU fp32; the same tensors go through LayaTorch. Rows cover padding, 1..14
@@ -23,10 +23,10 @@ torch = pytest.importorskip("torch")
 from laya.common import collate_items  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from inference_svc.devices import pick_device, torch_dtype  # noqa: E402
-from inference_svc.torch_model import LayaTorch  # noqa: E402
-from laya_grpc.errors import CheckpointError, Kind, LayaError  # noqa: E402
-from laya_grpc.packed_rows import PackedRows  # noqa: E402
+from laya_grpc.inference.devices import pick_device, torch_dtype  # noqa: E402
+from laya_grpc.inference.torch_model import LayaTorch  # noqa: E402
+from laya_grpc.core.errors import CheckpointError, Kind, LayaError  # noqa: E402
+from laya_grpc.core.packed_rows import PackedRows  # noqa: E402
 
 PRESETS = ("tiny", "tiny-ml", "tiny-par")
 TOL = 1e-4

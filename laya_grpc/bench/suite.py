@@ -1,0 +1,147 @@
+"""`laya-grpc bench`: upstream laya and our engine, gRPC Decide and HTTP gateway, in ONE run on
+the same machine, checkpoint and inputs; JSONL + markdown report (+ PNG plots) under --out.
+
+Each in-process target runs in its own child process (benchmarks/inproc.py) so its load time
+and memory are its own; the served stack is measured from outside (benchmarks/service.py).
+`--smoke` makes tiny checkpoints and runs every stage with a handful of iterations on CPU, which
+is what CI runs (tests/test_bench_smoke.py).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+from laya_grpc.core import flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAGES = ("engine", "upstream", "upstream-compiled", "service")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    flags.add(p, "--smoke", env="LAYA_BENCH_SMOKE", action="store_true",
+              help="tiny checkpoints, CPU, a few iterations per figure: checks the suite end to end (CI)")
+    flags.add(p, "--out", env="LAYA_BENCH_OUT", default=os.path.join(ROOT, "benchmarks", "results"),
+              help="folder for results.jsonl, report.md and the plots")
+    flags.add(p, "--work-dir", env="LAYA_BENCH_WORK_DIR", default="/tmp/laya-bench",
+              help="where the random-weight checkpoints are made (reused when present)")
+    flags.add(p, "--preset", env="LAYA_BENCH_PRESET", default=None,
+              help="make-checkpoint preset (default: large; tiny with --smoke)")
+    flags.add(p, "--backend", env="LAYA_BENCH_BACKEND", default="torch", choices=["torch", "mlx"])
+    flags.add(p, "--device", env="LAYA_BENCH_DEVICE", default="auto", help="auto, cpu, cuda, mps")
+    flags.add(p, "--dtype", env="LAYA_BENCH_DTYPE", default="auto",
+              help="our engine's weight dtype (auto: the service's default for the device)")
+    flags.add(p, "--stages", env="LAYA_BENCH_STAGES", default="engine,upstream,service",
+              help="comma list of %s (upstream-compiled takes minutes to load)" % ", ".join(STAGES))
+    flags.add(p, "--iters", env="LAYA_BENCH_ITERS", default=None, type=int, help="warm requests per input")
+    flags.add(p, "--duration", env="LAYA_BENCH_DURATION", default=None, type=float,
+              help="seconds per concurrency level")
+    flags.add(p, "--concurrency", env="LAYA_BENCH_CONCURRENCY", default="1,8,64")
+    flags.add(p, "--ab-pairs", env="LAYA_BENCH_AB_PAIRS", default=None, type=int,
+              help="paired upstream/engine runs per input for the ratio and its bootstrap interval")
+    flags.add(p, "--idle-gaps", env="LAYA_BENCH_IDLE_GAPS", default=None, help="quiet seconds before a request")
+    flags.add(p, "--soak", env="LAYA_BENCH_SOAK", default=None, type=int,
+              help="random-length requests the engine answers before its memory is read again (the issue "
+                   "asks 10,000: ~30-60 s on an H200)")
+    flags.add(p, "--max-concurrent", env="LAYA_BENCH_MAX_CONCURRENT", default=256, type=int,
+              help="the gateway's admission bound during the run (LAYA_MAX_CONCURRENT)")
+
+
+def _defaults(a) -> None:
+    smoke = a.smoke
+    if smoke and a.device == "auto":
+        a.device = "cpu"   # smoke mode is the CI check: tiny checkpoints on the CPU wherever it runs
+    a.preset = a.preset or ("tiny" if smoke else "large")
+    a.iters = a.iters or (5 if smoke else 200)
+    a.duration = a.duration or (1.0 if smoke else 5.0)
+    a.ab_pairs = a.ab_pairs if a.ab_pairs is not None else (4 if smoke else 100)
+    a.idle_gaps = a.idle_gaps or ("0.2" if smoke else "1,3,8")
+    a.soak = a.soak or (10 if smoke else 10000)
+    a.parity_n = 4 if smoke else 32
+    a.client_procs = 2 if smoke else 8
+    a.ready_timeout = 300.0
+    a.concurrency = [int(x) for x in str(a.concurrency).split(",") if x]
+    if a.device == "auto":
+        a.device = _auto_device(a.backend)
+
+
+def _auto_device(backend: str) -> str:
+    if backend == "mlx":
+        return "gpu"
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def environment(a) -> dict:
+    def ver(mod):
+        try:
+            return __import__(mod).__version__
+        except Exception as e:  # noqa: BLE001 - recorded, not fatal: a missing package is a fact of the run
+            return "absent (%s)" % type(e).__name__
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout)
+    gpu = ""
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        gpu = "none (no nvidia-smi)"
+    return {"commit": commit or "unknown", "dirty": dirty, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
+            "torch": ver("torch"), "laya": ver("laya"), "grpc": ver("grpc"), "numpy": ver("numpy"), "gpu": gpu,
+            "device": a.device, "backend": a.backend, "dtype": a.dtype, "preset": a.preset, "smoke": a.smoke}
+
+
+def run(a) -> int:
+    _defaults(a)
+    from .report import write_report
+    from .service import run_service
+    from laya_grpc.cli.make_checkpoint import make_checkpoint
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "results.jsonl")
+    open(path, "w").close()
+
+    def rec(target: str, kind: str, **fields) -> None:
+        line = json.dumps({"target": target, "kind": kind, **fields})
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+        print(line, flush=True)
+
+    rec("suite", "environment", **environment(a))
+    t0 = time.perf_counter()
+    ckpt = os.path.join(a.work_dir, a.preset)
+    ckpt = ckpt if os.path.isfile(os.path.join(ckpt, "model.safetensors")) else make_checkpoint(ckpt, a.preset)
+    rec("suite", "checkpoint", path=ckpt, preset=a.preset, seconds=time.perf_counter() - t0)
+    stages = [s for s in a.stages.split(",") if s]
+    bad = set(stages) - set(STAGES)
+    if bad:
+        print("laya-grpc bench: unknown stage(s) %s; choose from %s" % (sorted(bad), ", ".join(STAGES)), file=sys.stderr)
+        return 2
+    failed = []
+    for st in stages:
+        if st == "service":
+            try:
+                run_service(a, rec, ckpt, "english")
+            except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
+                rec("service", "error", detail="%s: %s" % (type(e).__name__, e))
+                failed.append(st)
+            continue
+        cmd = [sys.executable, "-m", "laya_grpc.bench.inproc", st, "--ckpt", ckpt, "--out", path, "--device", a.device,
+               "--backend", a.backend, "--dtype", a.dtype, "--iters", str(a.iters), "--soak", str(a.soak), "--parity-n", str(a.parity_n),
+               "--idle-gaps", a.idle_gaps, "--ab-pairs", str(a.ab_pairs if st == "upstream" else 0)]
+        t = time.perf_counter()
+        r = subprocess.run(cmd, cwd=ROOT)
+        rec(st, "process", seconds=time.perf_counter() - t, returncode=r.returncode)
+        if r.returncode:
+            failed.append(st)
+    md = write_report(path, a.out)
+    print("report: %s" % md)
+    if failed:
+        print("laya-grpc bench: stage(s) failed: %s (see %s)" % (", ".join(failed), path), file=sys.stderr)
+        return 1
+    return 0

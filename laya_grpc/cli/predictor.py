@@ -1,0 +1,105 @@
+"""The whole decision path in one process: questions -> tokens -> network -> answers.
+
+`Predictor.predict` returns exactly what upstream laya 0.4.15's `Agent.predict` returns
+(`{"model", "answers", "usage"}`), built from the same parts the services use (questions.py,
+laya_grpc.tokenizer.encoding, inference_svc's network, decode.py), so offline runs and tests exercise
+the served code. The network backend is imported only when a Predictor is built, keeping this
+module (and decode) free of torch at import time.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from laya_grpc.core.confidence_gate import apply_gate, check_min_confidence
+from laya_grpc.core.decode import MODEL_TAG, decode_answer, empty_result
+from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.core.questions import Question, parse_questions
+from laya_grpc.core.sources import open_source
+from laya_grpc.core.temperatures import Temperatures
+
+BACKENDS = ("torch", "mlx")
+
+
+class Predictor:
+    """One checkpoint, loaded once, answering `Agent.predict`-shaped calls."""
+
+    def __init__(self, source: str, device: str = "cpu", backend: str = "torch",
+                 dtype: Optional[str] = None):
+        """`source`: a checkpoint directory or hub id (`org/repo[/sub][@rev]`), validated as the
+        services validate it, so a bad checkpoint is one CheckpointError naming the file."""
+        from laya_grpc.inference.devices import pick_device
+        from laya_grpc.inference.runners import load_runner
+        from laya_grpc.tokenizer.encoding import TextEncoder
+        if backend not in BACKENDS:
+            raise LayaError(Kind.INVALID, "backend must be one of %s, got %r" % (list(BACKENDS), backend))
+        self.checkpoint = open_source(source)
+        self.temperatures = Temperatures.from_config(self.checkpoint.config)
+        self.encoder = TextEncoder(self.checkpoint.tokenizer_dir, max_len=self.checkpoint.max_len,
+                                   head_max_len=self.checkpoint.head_max_len,
+                                   parallel_layout=self.checkpoint.parallel)
+        # Offline there is no operator to notice a quiet CPU fallback: an absent device is an error.
+        # "auto" is each runner's own default precision (fp32 on CPU and MLX, exact to upstream).
+        self.runner = load_runner(self.checkpoint.path, backend, pick_device(device, backend, require=True).device,
+                                  None if dtype == "auto" else dtype)
+        self.device = self.runner.device()
+
+    def warm(self) -> None:
+        """Before the first real call: capture the CUDA graphs (as the inference service does before
+        ready), then one request of each question type through every stage (tokenizer, forward,
+        decoding), so the first call pays no first-use cost (lazy imports, caches, allocations)."""
+        from laya_grpc.inference.registry import warm_runner
+        warm_runner(self.runner, self.checkpoint, self.encoder.pad_id)
+        self.predict("Warm-up: the parcel arrived late and the box was damaged.", {
+            "intent": {"type": "choice", "instructions": "What does the customer want?",
+                       "criteria": {"refund": "money back", "exchange": "a new item"}},
+            "urgency": {"type": "score", "instructions": "How urgent is it?", "criteria": ["not", "somewhat", "very"]},
+            "angry": {"type": "noul", "instructions": "Is the customer angry?"}})
+
+    def predict(self, state: Any, questions: dict, max_len: Optional[int] = None,
+                head_max_len: Optional[int] = None, min_confidence: Any = None) -> dict[str, Any]:
+        """One state: `Agent.predict(state, questions, ...)`."""
+        return self.predict_batch([state], questions, max_len=max_len, head_max_len=head_max_len,
+                                  min_confidence=min_confidence)[0]
+
+    def predict_batch(self, states: Sequence[Any], questions: dict, max_len: Optional[int] = None,
+                      head_max_len: Optional[int] = None, min_confidence: Any = None,
+                      batch_size: Optional[int] = None) -> list[dict[str, Any]]:
+        """Many states, one question set: `Agent.predict_batch`; all rows of up to `batch_size`
+        states (default: all) share one forward pass, results in input order."""
+        threshold = check_min_confidence(min_confidence)
+        if isinstance(states, (str, bytes, dict)):
+            raise LayaError(Kind.BAD_REQUEST, "predict_batch expects a list of states; pass a single "
+                                              "state to predict()")
+        if not isinstance(questions, dict):
+            raise LayaError(Kind.BAD_REQUEST, "'questions' must be an object")
+        states = list(states)
+        if any(state is None for state in states):
+            raise LayaError(Kind.BAD_REQUEST, "'state' is required")
+        if not states:
+            return []
+        if not questions:
+            return [empty_result()
+                    for _ in states]
+        parsed = parse_questions(questions)
+        chunk = batch_size if batch_size and batch_size > 0 else max(1, len(states))
+        results: list[dict[str, Any]] = []
+        for start in range(0, len(states), chunk):
+            results.extend(self._run(states[start:start + chunk], parsed, max_len, head_max_len))
+        for result in results:
+            apply_gate(result["answers"], threshold)
+        return results
+
+    def _run(self, states: list, parsed: list[Question], max_len: Optional[int],
+             head_max_len: Optional[int]) -> list[dict[str, Any]]:
+        encoded = self.encoder.encode_many(states, parsed, max_len=max_len, head_max_len=head_max_len)
+        rows = [row for enc in encoded for row in enc.rows]
+        logits, act = self.runner.run_rows(PackedRows.from_rows(rows), self.encoder.pad_id)
+        results, r = [], 0
+        for enc in encoded:
+            answers = {}
+            for q, row in zip(parsed, enc.rows):
+                answers[q.qid] = decode_answer(q, logits[r, :len(row.markers)], act[r], self.temperatures)
+                r += 1
+            results.append({"model": MODEL_TAG, "answers": answers, "usage": enc.usage})
+        return results

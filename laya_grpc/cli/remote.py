@@ -1,0 +1,109 @@
+"""`laya-grpc decide` and `laya-grpc watch`: readable output for people, `--json` for scripts."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from laya_grpc.core import flags
+from laya_grpc.core.errors import LayaError
+from laya_proto.v1 import status_pb2
+
+from laya_grpc.client.client import LayaClient
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    flags.add(p, "--address", env="LAYA_GRPC", default="127.0.0.1:50051", help="the gateway's gRPC address")
+    flags.add(p, "--api-key", env="LAYA_API_KEY", default=None, help="bearer key when the gateway requires one")
+    p.add_argument("--json", action="store_true", help="print JSON instead of readable text")
+    if command == "decide":
+        p.add_argument("text", help="the state: plain text, or JSON with --state-json; '-' reads stdin")
+        p.add_argument("--questions", required=True, metavar="FILE",
+                       help="JSON file with the /v1/systemone 'questions' object ('-' reads stdin)")
+        p.add_argument("--state-json", action="store_true", help="parse TEXT as a JSON state (object, conversation list)")
+        p.add_argument("--model", default=None, help="pin a checkpoint (english, multilingual, ...)")
+        p.add_argument("--lang", default=None, help="language code hint for routing")
+        p.add_argument("--timeout", type=float, default=60.0)
+    else:
+        p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats when nothing changes")
+        p.add_argument("--count", type=int, default=0, help="stop after this many events (0 = until interrupted)")
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def run(args: argparse.Namespace) -> int:
+    return _decide(args) if args.command == "decide" else _watch(args)
+
+
+def _decide(args) -> int:
+    try:
+        text = _read("-") if args.text == "-" else args.text
+        state = json.loads(text) if args.state_json else text
+        questions = json.loads(_read(args.questions))
+    except (OSError, ValueError) as e:
+        print("laya-grpc decide: %s" % e, file=sys.stderr)
+        return 2
+    with LayaClient(args.address, args.api_key, args.timeout) as client:
+        try:
+            result = client.decide(state, questions, model=args.model, lang=args.lang)
+        except LayaError as e:
+            print("laya-grpc decide: error %d: %s" % (e.kind.http_status, e.detail), file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False))
+        return 0
+    routing = result.get("routing") or {}
+    print("checkpoint: %s (%s)" % (routing.get("model"), routing.get("reason")))
+    for qid, a in result["answers"].items():
+        if a["type"] == "choice":
+            head = "choice %s" % json.dumps(a["choice"], ensure_ascii=False)
+        elif a["type"] == "score":
+            head = "score %.4f" % a["score"]
+        else:
+            head = "noul P(true)=%.4f" % a["noul"]
+        print("  %-20s %-28s confidence %.4f" % (qid, head, a["confidence"]))
+        for label, p in (a.get("probabilities") or {}).items():
+            print("      %-24s %6.4f %s" % (label, p, "#" * int(round(p * 30))))
+    u = result["usage"]
+    print("usage: %d input tokens%s" % (u["input_tokens"], ", state truncated" if u.get("truncated") else ""))
+    return 0
+
+
+def _fmt_event(ev) -> str:
+    S = status_pb2
+    lines = ["%s  %s  seq %d  %s" % (time.strftime("%H:%M:%S", time.localtime(ev.time_unix)),
+                                     "READY" if ev.ready else "NOT READY", ev.sequence, ev.reason)]
+    for s in ev.services:
+        lines.append("  %-10s %-9s %s%s%s" % (s.service, S.State.Name(s.state).lower(), s.address,
+                                            "  restarts %d" % s.restarts if s.restarts else "",
+                                            "  queue %d" % s.queue_depth if s.queue_depth else "")
+                     + ("  (%s)" % s.detail if s.detail else ""))
+        for c in s.checkpoints:
+            lines.append("    %-16s %-10s %s %s%s%s" % (
+                c.name, S.State.Name(c.state).lower(), c.device or "-", c.dtype or "",
+                "  warmup %.0f ms" % c.warmup_ms if c.warmup_ms else "",
+                "  FALLBACK from %s" % c.device_requested if c.device_fallback else ""))
+    return "\n".join(lines)
+
+
+def _watch(args) -> int:
+    from google.protobuf.json_format import MessageToDict
+    import grpc
+    n = 0
+    with LayaClient(args.address, args.api_key) as client:
+        try:
+            for ev in client.watch(args.heartbeat):
+                print(json.dumps(MessageToDict(ev)) if args.json else _fmt_event(ev), flush=True)
+                n += 1
+                if args.count and n >= args.count:
+                    return 0
+        except grpc.RpcError as e:
+            print("laya-grpc watch: %s: %s" % (e.code().name, e.details()), file=sys.stderr)
+            return 1
+    return 0

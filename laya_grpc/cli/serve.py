@@ -1,0 +1,155 @@
+"""`laya-grpc serve`: tokenizer, inference and gateway on this machine, over unix sockets.
+
+The embedded default deployment. Each service runs in its own process (text work never
+competes with the device thread for the GIL); the supervisor restarts a child that dies, and
+the gateway's status stream reports it going down and coming back.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from laya_grpc.core import flags
+from laya_grpc.core.errors import LayaError
+from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
+from laya_grpc.core.sources import parse_checkpoint_specs
+from .supervisor import Child, FatalChildExit, Supervisor
+
+log = logging.getLogger("laya_grpc.cli.serve")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from laya_grpc.gateway.server import add_gateway_flags
+    from laya_grpc.inference.settings import add_model_flags
+    add_model_flags(p)
+    add_gateway_flags(p)
+    flags.add(p, "--tokenizer-workers", env="LAYA_TOKENIZER_WORKERS", default=0, type=flags.non_negative_int,
+              help="tokenizer processes; each gateway spreads requests over them (0 = auto: one per 4 CPUs, 1-4)")
+    flags.add(p, "--gateway-workers", env="LAYA_GATEWAY_WORKERS", default=0, type=flags.non_negative_int,
+              help="gateway processes sharing the HTTP and gRPC ports (Python work per request is the "
+                   "ceiling under many clients; 0 = auto: one per 4 CPUs, 1 to 4)")
+    flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
+              help="Prometheus metrics, one endpoint per process: gateway 0 on PORT, inference on PORT+1, "
+                   "tokenizer i on PORT+2+i, gateway j>0 after the tokenizers (off by default)")
+    flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
+              help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
+
+
+def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
+    me = [sys.executable, "-m", "laya_grpc.cli"]
+    ck = []
+    for name, source in parse_checkpoint_specs(args.checkpoint).items():
+        ck += ["--checkpoint", "%s=%s" % (name, source)]
+    cpus = os.cpu_count() or 1
+    n_tok = args.tokenizer_workers or max(1, min(4, cpus // 4))   # ~0.6 ms of tokenizer CPU a request: 2 capped 64 clients
+    n_gw = args.gateway_workers or max(1, min(4, cpus // 4))
+    toks = ["unix:" + os.path.join(run_dir, "tokenizer-%d.sock" % i) for i in range(n_tok)]
+    inf = "unix:" + os.path.join(run_dir, "inference.sock")
+    def metrics_at(offset: int) -> list:
+        if not args.metrics:
+            return []
+        host, _, port = args.metrics.rpartition(":")
+        return ["--metrics", "%s:%d" % (host or "127.0.0.1", int(port) + offset)]
+    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + metrics_at(2 + i))
+                for i, t in enumerate(toks)]
+    inference = me + ["inference", "--listen", inf, "--backend", args.backend, "--device", args.device,
+                      "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
+                      "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
+                      "--max-wait-ms", str(args.max_wait_ms), "--keep-warm-s", str(args.keep_warm_s),
+                      "--cuda-kernels", args.cuda_kernels, "--pack-rows", args.pack_rows] + ck + metrics_at(1)
+    for name in args.preload or []:
+        inference += ["--preload", name]
+    if args.require_device is not None:
+        inference += ["--require-device", str(args.require_device)]
+    if args.no_warmup:
+        inference.append("--no-warmup")
+    children.append(Child("inference", inference))
+    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc, "--inference", inf] + ck
+    for t in toks:
+        gw += ["--tokenizer", t]
+    if n_gw > 1:
+        gw.append("--reuse-port")
+    # metrics: gateway 0 on PORT (its own registry; each worker counts what it served)
+    children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]
+                       + metrics_at(0 if i == 0 else 1 + n_tok + i)) for i in range(n_gw)]
+    return children
+
+
+def control_address(run_dir: str, i: int) -> str:
+    """Gateway worker i's own gRPC address (readiness, status), reachable even when the workers
+    share --grpc and --http."""
+    return "unix:" + os.path.join(run_dir, "gateway-%d.sock" % i)
+
+
+def gateway_controls(children: list) -> list:
+    out = []
+    for c in children:
+        if c.name.startswith("gateway-") and "--control" in c.argv:
+            out.append(c.argv[c.argv.index("--control") + 1])
+    return out
+
+
+async def announce_ready(grpc_address: str, http: str, started: float, controls: list | None = None) -> None:
+    """Print one line once every gateway worker reports SERVING (every service up, every checkpoint
+    warm, and each worker's own warm-up done). Workers share --grpc, where a connection reaches only
+    one of them, so each is watched through its own control address."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from laya_grpc.core import rpc
+    import grpc
+
+    async def serving(address: str) -> None:
+        while True:
+            try:
+                async with rpc.channel(address) as ch:
+                    async for r in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service="")):
+                        if r.status == health_pb2.HealthCheckResponse.SERVING:
+                            return
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.3)
+
+    addresses = list(controls or [grpc_address])
+    await asyncio.gather(*[serving(a) for a in addresses])
+    workers = " (%d gateway workers)" % len(addresses) if len(addresses) > 1 else ""
+    print("laya-grpc: ready in %.1f s: http://%s/v1/systemone, grpc %s%s"
+          % (time.monotonic() - started, http, grpc_address, workers), file=sys.stderr, flush=True)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    own_dir = args.run_dir is None
+    run_dir = tempfile.mkdtemp(prefix="laya-grpc-") if own_dir else args.run_dir
+    os.makedirs(run_dir, exist_ok=True)
+    try:
+        children = child_argvs(args, run_dir)
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        async with Supervisor(children) as sup:
+            ready = asyncio.ensure_future(announce_ready(args.grpc, args.http, started, gateway_controls(children)))
+            stopper = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait([stopper, sup.fatal], return_when=asyncio.FIRST_COMPLETED)
+            ready.cancel()
+            stopper.cancel()
+            if sup.fatal in done:
+                err = sup.fatal.exception()
+                print("laya-grpc serve: %s; stopping (see the message above)" % err, file=sys.stderr)
+                return err.code if isinstance(err, FatalChildExit) else 1
+        return 0
+    finally:
+        if own_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging("serve")
+    try:
+        parse_checkpoint_specs(args.checkpoint)
+    except LayaError as e:
+        print("laya-grpc serve: %s" % e.detail, file=sys.stderr)
+        return 2
+    return asyncio.run(serve(args))

@@ -1,0 +1,125 @@
+"""gRPC plumbing shared by every service: options, servers, error mapping, health.
+
+Message-size limits and keepalive are set here once, symmetrically for servers and channels
+(a mismatch makes grpc fail in-flight calls with RESOURCE_EXHAUSTED or "too_many_pings").
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Awaitable, Callable, Iterable, Optional
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from .errors import KIND_METADATA_KEY, Kind, LayaError, from_grpc
+
+log = logging.getLogger("laya_grpc.core.rpc")
+
+MAX_MESSAGE_BYTES = int(os.environ.get("LAYA_GRPC_MAX_MESSAGE_BYTES", 64 * 1024 * 1024))
+
+_COMMON = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+SERVER_OPTIONS = _COMMON + [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+CHANNEL_OPTIONS = _COMMON + [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Reconnect fast after a supervised child restarts.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+    ("grpc.enable_retries", 0),
+]
+
+
+def target(address: str) -> str:
+    """`unix:/path`, `unix:///path`, `/path.sock` or `host:port` -> a grpc target."""
+    if address.startswith("unix:"):
+        return address
+    if address.startswith("/"):
+        return "unix:" + address
+    return address
+
+
+def bind(server: grpc.aio.Server, address: str) -> str:
+    t = target(address)
+    if t.startswith("unix:"):
+        path = t[len("unix:"):]
+        path = path[2:] if path.startswith("//") else path      # unix:///abs and unix:/abs; unix:rel stays relative
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if os.path.exists(path):
+            os.unlink(path)  # stale socket of a previous instance
+    port = server.add_insecure_port(t)
+    if not t.startswith("unix:") and t.endswith(":0"):
+        t = t[: -len(":0")] + ":%d" % port
+    return t
+
+
+def channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(target(address), options=CHANNEL_OPTIONS)
+
+
+def server(max_concurrent_rpcs: Optional[int] = None, interceptors=None, reuse_port: bool = False) -> grpc.aio.Server:
+    """reuse_port lets several processes serve one TCP port (the kernel spreads connections);
+    off by default so that a port already in use is an error, not a silent share."""
+    return grpc.aio.server(options=SERVER_OPTIONS + [("grpc.so_reuseport", int(reuse_port))], maximum_concurrent_rpcs=max_concurrent_rpcs, interceptors=interceptors)
+
+
+def add_health_and_reflection(srv: grpc.aio.Server, service_names: Iterable[str]) -> health.aio.HealthServicer:
+    """Standard grpc.health.v1 (Check + Watch) and reflection; all services start NOT_SERVING."""
+    hs = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, srv)
+    names = list(service_names)
+    reflection.enable_server_reflection(names + [health.SERVICE_NAME, reflection.SERVICE_NAME], srv)
+    return hs
+
+
+async def set_health(hs: health.aio.HealthServicer, names: Iterable[str], serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in list(names) + [""]:
+        await hs.set(name, status)
+
+
+async def abort(context: grpc.aio.ServicerContext, err: LayaError):
+    context.set_trailing_metadata(((KIND_METADATA_KEY, err.kind.name),))
+    await context.abort(err.kind.grpc_code, err.detail)
+
+
+def servicer_errors(fn: Callable[..., Awaitable]):
+    """Decorator for aio servicer methods: LayaError -> its gRPC status; anything else -> INTERNAL, logged."""
+    @functools.wraps(fn)
+    async def wrapped(self, request, context):
+        try:
+            return await fn(self, request, context)
+        except LayaError as e:
+            await abort(context, e)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:  # a bug: log with traceback, keep serving
+            log.exception("%s failed", fn.__name__)
+            await abort(context, LayaError(Kind.INTERNAL, "%s failed: %s: %s" % (fn.__name__, type(e).__name__, e)))
+    return wrapped
+
+
+def error_from_rpc(e: grpc.RpcError, what: str = "") -> LayaError:
+    """Turn a failed call to one of our services back into the LayaError it was raised as."""
+    kind_name = None
+    for k, v in (e.trailing_metadata() or ()):
+        if k == KIND_METADATA_KEY:
+            kind_name = v
+    err = from_grpc(e.code(), e.details(), kind_name)
+    if e.code() == grpc.StatusCode.UNAVAILABLE and not kind_name:
+        err = LayaError(Kind.BUSY, "%s unavailable: %s" % (what or "backend service", e.details()))
+    return err

@@ -1,0 +1,79 @@
+"""Bounded, non-blocking admission and the capped, time-limited body read (upstream `laya serve`).
+
+Admission is taken BEFORE the body is read, which bounds how many bodies are buffered at once;
+when every slot is taken the request is refused at once (503, `Retry-After: 1`) rather than
+queued. Because the slot is held while the body arrives, the read has a deadline
+(`LAYA_BODY_READ_TIMEOUT`): a stalled upload gets 408 and frees its slot instead of holding it for
+as long as its socket stays open.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+from laya_grpc.core.errors import Kind, LayaError
+
+MAX_BODY_BYTES = 2 * 1024 * 1024
+_timeout = getattr(asyncio, "timeout", None)   # Python 3.11+; 3.10 (still supported) uses wait_for
+
+BUSY_DETAIL = "server busy, try again later"
+TOO_LARGE_DETAIL = "request body too large"
+TIMEOUT_DETAIL = "request body was not received in time"
+
+
+class Admission:
+    """At most `limit` decision requests past auth at once; the rest get 503 immediately."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._semaphore: Optional[asyncio.Semaphore] = None  # bound to the serving loop lazily
+
+    def slot(self) -> "Admission":
+        """`async with admission.slot():` holds one slot (a plain async context manager: cheaper
+        per request than a generator-based one)."""
+        return self
+
+    async def __aenter__(self) -> None:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.limit)
+        if self._semaphore.locked():
+            raise LayaError(Kind.BUSY, BUSY_DETAIL)
+        await self._semaphore.acquire()
+
+    async def __aexit__(self, *exc) -> None:
+        self._semaphore.release()
+
+
+async def read_body(receive_stream, content_length: Optional[str], timeout: float) -> bytes:
+    """The whole body, refusing more than 2 MiB (declared or streamed) and stalls past `timeout`.
+
+    `receive_stream` is Starlette's `request.stream()`. A `Content-Length` over the cap is refused
+    before any byte is read; a malformed one is ignored here (uvicorn refuses it first).
+    """
+    if content_length:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            declared = 0
+        if declared > MAX_BODY_BYTES:
+            raise LayaError(Kind.TOO_LARGE, TOO_LARGE_DETAIL)
+
+    async def collect() -> bytes:
+        total = 0
+        chunks = []
+        async for chunk in receive_stream:
+            if not chunk:
+                continue
+            total += len(chunk)
+            if total > MAX_BODY_BYTES:
+                raise LayaError(Kind.TOO_LARGE, TOO_LARGE_DETAIL)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        if _timeout is not None:
+            async with _timeout(timeout):   # in this task: wait_for starts another one (before 3.12)
+                return await collect()
+        return await asyncio.wait_for(collect(), timeout=timeout)
+    except asyncio.TimeoutError:            # TimeoutError itself from 3.11 on
+        raise LayaError(Kind.TIMEOUT, TIMEOUT_DETAIL) from None

@@ -1,0 +1,79 @@
+"""Concurrent requests' rows for one checkpoint share Infer RPCs.
+
+Under load every request paying its own gateway->inference round trip makes the inference
+service's RPC handling the ceiling. Here at most `max_inflight` Infer calls per checkpoint are in
+flight; rows of requests that arrive meanwhile wait and go together in the next call (up to
+`max_rows`), which also hands the device thread bigger batches. With no load a request goes out
+at once, from its own task: no timer, no added latency.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from laya_grpc.core import metrics
+from laya_grpc.core.packed_rows import PackedRows
+
+
+@dataclass
+class _Lane:
+    pending: list = field(default_factory=list)   # (PackedRows, Future)
+    inflight: int = 0
+
+
+class InferCoalescer:
+    def __init__(self, call: Callable[[str, PackedRows], Awaitable], max_inflight: int = 2, max_rows: int = 256):
+        self._call, self.max_inflight, self.max_rows = call, max_inflight, max_rows
+        self._lanes: dict[str, _Lane] = {}
+
+    async def submit(self, checkpoint: str, rows: PackedRows):
+        """(response, merged rows, index of this request's first row in them)."""
+        lane = self._lanes.setdefault(checkpoint, _Lane())
+        if not lane.pending and lane.inflight < self.max_inflight:
+            # Nothing to share it with: call from this task (no helper task, no future hand-off).
+            lane.inflight += 1
+            try:
+                metrics.INFER_CALL_REQUESTS.observe(1)
+                return await self._call(checkpoint, rows), rows, 0
+            finally:
+                lane.inflight -= 1
+                if lane.pending:
+                    self._launch(checkpoint, lane)
+        fut = asyncio.get_running_loop().create_future()
+        lane.pending.append((rows, fut))
+        if lane.inflight < self.max_inflight:
+            self._launch(checkpoint, lane)
+        return await fut
+
+    def _launch(self, checkpoint: str, lane: _Lane) -> None:
+        batch, n = [], 0
+        while lane.pending and (not batch or n + lane.pending[0][0].n <= self.max_rows):
+            rows, fut = lane.pending.pop(0)
+            if fut.cancelled():
+                continue
+            batch.append((rows, fut))
+            n += rows.n
+        if not batch:
+            return
+        lane.inflight += 1
+        asyncio.ensure_future(self._run(checkpoint, lane, batch))
+
+    async def _run(self, checkpoint: str, lane: _Lane, batch: list) -> None:
+        try:
+            merged = PackedRows.concat([rows for rows, _ in batch])
+            metrics.INFER_CALL_REQUESTS.observe(len(batch))
+            resp = await self._call(checkpoint, merged)
+            start = 0
+            for rows, fut in batch:
+                if not fut.done():
+                    fut.set_result((resp, merged, start))
+                start += rows.n
+        except BaseException as e:  # noqa: BLE001 - every waiter of this call gets the failure
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+        finally:
+            lane.inflight -= 1
+            if lane.pending:
+                self._launch(checkpoint, lane)

@@ -1,0 +1,104 @@
+"""The decision flow behind both front ends: route -> tokenize -> infer -> decode -> assemble.
+
+Transport-free: it takes the typed requests of `laya_grpc.gateway.contract` and returns upstream `laya serve`
+0.4.15's response dicts (key order included), so the HTTP app only renders them and the gRPC API
+maps them. Each step's failure is a LayaError from the layer that found it.
+
+Result shape (`Router.predict` + serve): `{"model": "laya-rl-agent", "answers", "usage",
+"routing"}`; the min_confidence gate writes its fields after each answer's own, then serve appends
+`x_jev_confidence` (or, under LAYA_JEV_STRICT, projects onto the Jev keys). A batch is
+`{"results": [...], "total_usage": {"input_tokens", "output_tokens"}}`, results in input order,
+each routed on its own state exactly as upstream's `Router.predict_batch` does.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from laya_grpc.core.confidence_gate import Threshold, apply_gate
+from laya_grpc.core.decode import MODEL_TAG, add_serve_fields, decode_answer, empty_result, project_jev_strict
+from laya_grpc.core.questions import Question
+from laya_grpc.core.routing import RouteTable, Routing, route
+from laya_grpc.core.temperatures import Temperatures
+
+from .contract import BatchRequest, Controls, DecideRequest
+from .services import Services
+from .settings import GatewaySettings
+
+
+
+class Decider:
+    def __init__(self, services: Services, route_table: RouteTable, settings: GatewaySettings):
+        self.services = services
+        self.route_table = route_table
+        self.settings = settings
+        self._temperatures: dict[tuple, Temperatures] = {}
+
+    # -- public -------------------------------------------------------------------------------
+    async def decide(self, req: DecideRequest) -> dict[str, Any]:
+        """One state: upstream's `/v1/systemone` response dict."""
+        decision = self._route(req.state, req.raw_questions, req.controls)
+        [result] = await self._answer(decision.model, [req.state], req.questions, req.controls)
+        return self._finish(result, decision, req.controls.min_confidence)
+
+    async def decide_batch(self, req: BatchRequest) -> dict[str, Any]:
+        """Many states, one question set: upstream's `/v1/systemone/batch` response dict.
+
+        Every state is routed before anything runs (an unknown task fails the whole batch); states
+        routed to the same checkpoint share one tokenize and one infer call, in first-seen order.
+        `batch_size` / `sort_by_length` only shape upstream's forward passes; the inference
+        service batches on its own, so they are validated and otherwise have no effect here.
+        """
+        decisions = [self._route(state, req.raw_questions, req.controls) for state in req.states]
+        groups: dict[str, list[int]] = {}
+        for i, decision in enumerate(decisions):
+            groups.setdefault(decision.model, []).append(i)
+        results: list[Optional[dict]] = [None] * len(req.states)
+        for name, indices in groups.items():
+            answered = await self._answer(name, [req.states[i] for i in indices], req.questions,
+                                          req.controls)
+            for i, result in zip(indices, answered):
+                results[i] = self._finish(result, decisions[i], req.controls.min_confidence)
+        return {"results": results,
+                "total_usage": {"input_tokens": sum(r["usage"].get("input_tokens", 0) for r in results),
+                                "output_tokens": sum(r["usage"].get("output_tokens", 0) for r in results)}}
+
+    # -- steps --------------------------------------------------------------------------------
+    def _route(self, state: Any, raw_questions: dict, controls: Controls) -> Routing:
+        return route(self.route_table, state, raw_questions.keys(), model=controls.model,
+                     task=controls.task, lang=controls.lang, lang_guess=controls.lang_guess,
+                     auto_task=self.settings.auto_task)
+
+    async def _answer(self, checkpoint: str, states: Sequence[Any], questions: list[Question],
+                      controls: Controls) -> list[dict[str, Any]]:
+        """`Agent.predict_batch` for states routed to one checkpoint (before the gate)."""
+        if not questions:
+            # Upstream answers without tokenizing or running the network.
+            return [empty_result()
+                    for _ in states]
+        temperatures = await self._temperatures_of(checkpoint)
+        encoded = await self.services.tokenize(checkpoint, list(states), questions,
+                                               controls.max_len, controls.head_max_len)
+        out = await self.services.infer(checkpoint, [enc.rows for enc in encoded])
+        results, r = [], 0
+        for enc in encoded:
+            answers = {}
+            for q in questions:
+                answers[q.qid] = decode_answer(q, out.logits[r], out.act_logits[r], temperatures)
+                r += 1
+            results.append({"model": MODEL_TAG, "answers": answers, "usage": enc.usage})
+        return results
+
+    async def _temperatures_of(self, checkpoint: str) -> Temperatures:
+        info = await self.services.checkpoint(checkpoint)
+        key = (info.name, info.revision, info.sha256)
+        temps = self._temperatures.get(key)
+        if temps is None:
+            temps = self._temperatures[key] = Temperatures.from_config(info.config)
+        return temps
+
+    def _finish(self, result: dict, decision: Routing, min_confidence: Optional[Threshold]) -> dict:
+        result["routing"] = decision.block()
+        apply_gate(result["answers"], min_confidence)
+        if self.settings.jev_strict:
+            return project_jev_strict(result)
+        return add_serve_fields(result)

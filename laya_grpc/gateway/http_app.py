@@ -1,0 +1,174 @@
+"""The HTTP front end: upstream `laya serve` 0.4.15's three routes on Starlette.
+
+Handlers stay tiny; everything that can go wrong is a LayaError turned into `{"detail": ...}`
+with the kind's status by one handler. Per decision request, in upstream's order: bearer auth
+(401, before anything else, even when saturated) -> admission slot (503 + Retry-After: 1) ->
+capped, time-limited body read (413/408) -> `laya_grpc.gateway.contract` parsing -> the decider -> JSON
+rendering (a NaN there is upstream's 422). Timing headers go on 200s of the decision routes only.
+
+Starlette's router gives upstream's 404 `Not Found`, 405 `Method Not Allowed` + `Allow` and 307
+trailing-slash redirect, through the same JSON error shape FastAPI installs. Upstream's FastAPI
+docs routes (`/docs`, `/redoc`, `/openapi.json`, served only without a key) are not served: 404.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from laya_grpc.core import metrics
+from laya_grpc.core.errors import Kind, LayaError
+
+from .admission import Admission, read_body
+from .contract import parse_batch_body, parse_decide_body
+from .decider import Decider
+from .render import render_json
+from .settings import GatewaySettings
+
+_log = logging.getLogger("laya_grpc.gateway")
+
+UNAUTHORIZED_DETAIL = "invalid or missing bearer token"
+INTERNAL_DETAIL = "inference failed"
+LIVENESS_ONLY = {"status": "ok"}
+# Upstream's /health keys, in its order; `services.health()` must provide them.
+UPSTREAM_HEALTH_KEYS = ("loaded", "revisions", "device", "device_is_preference", "checkpoint_devices",
+                        "cpu_fallbacks")
+
+
+def json_response(content: Any, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(render_json(content), status_code=status, headers=headers, media_type="application/json")
+
+
+def error_response(error: LayaError) -> Response:
+    status = error.kind.http_status
+    headers = {"Retry-After": "1"} if error.kind is Kind.BUSY else None
+    # Upstream never shows a 500's cause to the client (paths, memory state): it goes to the log.
+    detail = INTERNAL_DETAIL if status == 500 else error.detail
+    if status == 500:
+        _log.error("request failed: %r", error)
+    return json_response({"detail": detail}, status, headers)
+
+
+def _route_path(scope) -> str:
+    """The path Starlette's router matches (starlette._utils.get_route_path: without root_path)."""
+    path, root_path = scope["path"], scope.get("root_path", "")
+    if not root_path or not path.startswith(root_path):
+        return path
+    if path == root_path:
+        return ""
+    return path[len(root_path):] if path[len(root_path)] == "/" else path
+
+
+async def _serve_direct(endpoint, scope, receive, send) -> None:
+    """One request straight into `endpoint`, answered as Starlette's stack would answer it: a
+    LayaError through `error_response` (the exception handler), anything else a plain-text 500
+    (ServerErrorMiddleware, which also re-raises it for uvicorn to log)."""
+    started = False
+
+    async def tracked_send(message) -> None:
+        nonlocal started
+        if message["type"] == "http.response.start":
+            started = True
+        await send(message)
+
+    try:
+        try:
+            response = await endpoint(Request(scope, receive, tracked_send))
+        except LayaError as error:
+            response = error_response(error)
+        await response(scope, receive, tracked_send)
+    except Exception:
+        if not started:
+            await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
+        raise
+
+
+def build_app(decider: Decider, settings: GatewaySettings):
+    admission = Admission(settings.max_concurrent)
+    api_key = settings.api_key
+    # Bytes on both sides: Starlette decodes headers as latin-1, and a str compare_digest raises
+    # on non-ASCII; this way every header a client can send answers 401, never 500.
+    expected = ("Bearer " + api_key).encode("utf-8", "surrogateescape") if api_key else b""
+
+    def authorized(request: Request) -> bool:
+        if api_key is None:
+            return True
+        supplied = (request.headers.get("authorization") or "").encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(supplied, expected)
+
+    def decision_route(route: str, parse: Callable, run: Callable[[Any], Awaitable[dict]]):
+        async def endpoint(request: Request) -> Response:
+            with metrics.measured("http", route):
+                return await answer(request)
+
+        async def answer(request: Request) -> Response:
+            if not authorized(request):
+                raise LayaError(Kind.UNAUTHENTICATED, UNAUTHORIZED_DETAIL)
+            async with admission.slot():
+                raw = await read_body(request.stream(), request.headers.get("content-length"),
+                                      settings.body_read_timeout)
+                req = parse(raw, decider.route_table, settings.max_token_budget)
+                t0 = time.perf_counter()
+                try:
+                    result = await run(req)
+                except LayaError:
+                    raise
+                except Exception as error:  # a bug or a lost service: never leak it to the client
+                    _log.exception("inference failed")
+                    raise LayaError(Kind.INTERNAL, INTERNAL_DETAIL) from error
+                ms = "%.2f" % ((time.perf_counter() - t0) * 1000.0)
+                return json_response(result, headers={"Server-Timing": "inference;dur=" + ms,
+                                                      "X-Inference-Time-Ms": ms})
+        return endpoint
+
+    async def health(request: Request) -> Response:
+        if not authorized(request):
+            return json_response(LIVENESS_ONLY)
+        facts = dict(decider.services.health())
+        payload = {"status": "ok"}
+        for key in UPSTREAM_HEALTH_KEYS:
+            payload[key] = facts.pop(key)
+        payload["ready"] = bool(facts.pop("ready"))
+        payload.update(facts)
+        return json_response(payload)
+
+    async def laya_error(request: Request, error: LayaError) -> Response:
+        return error_response(error)
+
+    async def http_error(request: Request, error: HTTPException) -> Response:
+        # FastAPI's shape for Starlette's own 404/405 (with its Allow header).
+        return json_response({"detail": error.detail}, error.status_code, error.headers)
+
+    decide_endpoint = decision_route("decide", parse_decide_body, decider.decide)
+    batch_endpoint = decision_route("batch", parse_batch_body, decider.decide_batch)
+    routes = [
+        Route("/v1/systemone", decide_endpoint, methods=["POST"]),
+        Route("/v1/systemone/batch", batch_endpoint, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    for route in routes:
+        # Starlette implies HEAD for GET; FastAPI (upstream) does not, so HEAD /health is a 405.
+        route.methods = set(m for m in route.methods if m != "HEAD")
+    starlette_app = Starlette(routes=routes, exception_handlers={LayaError: laya_error, HTTPException: http_error})
+    direct = {"/v1/systemone": decide_endpoint, "/v1/systemone/batch": batch_endpoint}
+
+    async def app(scope, receive, send) -> None:
+        """A POST to a decision route goes straight to its endpoint, the one Starlette's router
+        would pick, without the middleware and routing layers (~0.1 ms a request); everything else
+        (other methods and paths, 404/405/307, /health) goes through Starlette."""
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = direct.get(_route_path(scope))
+            if endpoint is not None:
+                await _serve_direct(endpoint, scope, receive, send)
+                return
+        await starlette_app(scope, receive, send)
+
+    app.starlette = starlette_app
+    return app

@@ -1,0 +1,45 @@
+"""What the gateway needs from the tokenizer and inference services.
+
+The HTTP and gRPC front ends only see this interface; `laya_grpc.gateway.remote.RemoteServices`
+implements it over gRPC (unix sockets in `laya-grpc serve`, TCP across hosts).
+Types on this boundary are the tokenizer's `EncodedState`/`Row` and numpy arrays, so the
+gateway never imports torch or mlx.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass
+class InferResult:
+    """Raw network outputs for a list of rows, in row order."""
+    logits: list[np.ndarray]        # per row: float32 [k] option logits in slot order
+    act_logits: list[np.ndarray]    # per row: float32 [n_act]
+
+
+@dataclass
+class CheckpointInfo:
+    """What the gateway must know about a served checkpoint (read from the inference service)."""
+    name: str
+    config: dict                    # rl_agent_config.json, for temperatures
+    revision: str = ""
+    sha256: str = ""
+
+
+class Services(Protocol):
+    async def tokenize(self, checkpoint: str, states: Sequence[Any], questions: Sequence[Any],
+                       max_len: int | None, head_max_len: int | None) -> list[Any]:
+        """One EncodedState per state (rows in question order, upstream's usage block)."""
+
+    async def infer(self, checkpoint: str, rows: Sequence[Any]) -> InferResult:
+        """Forward the rows of every state (`[encoded.rows for encoded in tokenize(...)]`), in order;
+        the inference service may batch them with other requests' rows."""
+
+    async def checkpoint(self, name: str) -> CheckpointInfo:
+        """Config of a served checkpoint; loads it on the inference side if needed."""
+
+    def health(self) -> dict:
+        """Live facts for /health and the status stream (ready, device, dtype, revisions, ...)."""

@@ -1,0 +1,262 @@
+"""Cross-request dynamic batching on one device thread.
+
+Requests that arrive while the device is busy share the next forward pass: the thread takes
+queued jobs (same checkpoint, FIFO) until a padded-token budget or a row cap is reached, pads
+once, runs, and hands each job its slice. There is no wait timer by default (TEI's policy: the
+next batch forms as soon as the device frees); `max_wait_ms` adds a short one for bursty loads.
+The budget counts tokens as the runner will really run them (packed: the real tokens rounded to a
+token bucket; padded: rows x longest, rounded to its CUDA graph buckets), so a batch never lands in
+a shape that was not captured during warmup.
+`keep_warm_s` > 0 re-runs the last real row after that much idle time, so the GPU does not
+clock down between sparse requests (see docs/performance.md for what it costs and buys).
+All framework work stays on this thread (MLX requires it; torch releases the GIL in kernels).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from laya_grpc.core import metrics
+from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.packed_rows import PackedRows
+
+log = logging.getLogger("laya_grpc.inference.batcher")
+
+
+@dataclass
+class BatchResult:
+    logits: list[np.ndarray]        # per row float32 [k]
+    act_logits: np.ndarray          # [n_rows, n_act]
+    queue_ms: float
+    model_ms: float
+    batch_rows: int
+
+
+@dataclass
+class _Job:
+    """Rows of one request, to be batched with others of the same checkpoint."""
+    checkpoint: str
+    rows: PackedRows
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Call:
+    """Other device-thread work (load, warm up, evict), run in queue order between batches."""
+    fn: Callable[[], object]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+
+@dataclass
+class _KeepWarm:
+    """One discarded forward of a real row's shape, after keep_warm_s of quiet."""
+    checkpoint: str
+    rows: PackedRows
+
+
+class Batcher:
+    def __init__(self, get_runner: Callable[[str], object], pad_id_of: Callable[[str], int], *,
+                 max_batch_tokens: int = 16384, max_batch_rows: int = 256, max_wait_ms: float = 0.0,
+                 length_multiple: int = 8, keep_warm_s: float = 0.0):
+        self._get_runner = get_runner
+        self._pad_id_of = pad_id_of
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_rows = max_batch_rows
+        self.max_wait_s = max_wait_ms / 1e3
+        self.length_multiple = max(1, length_multiple)
+        self._queue: collections.deque = collections.deque()   # _Job | _Call
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="laya-device", daemon=True)
+        self.keep_warm_s = keep_warm_s
+        self._last: Optional[tuple[str, PackedRows]] = None   # (checkpoint, one real row) for keep-warm
+        self.keep_warm_runs = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout=10)
+
+    @property
+    def depth(self) -> int:
+        return sum(j.rows.n for j in list(self._queue) if isinstance(j, _Job))
+
+    def run_on_device(self, fn: Callable[[], object]) -> "asyncio.Future":
+        """Run `fn` on the device thread (loading, warmup, eviction), in queue order."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        with self._cv:
+            self._queue.append(_Call(fn, loop, fut))
+            self._cv.notify()
+        return fut
+
+    async def submit(self, checkpoint: str, rows: PackedRows) -> BatchResult:
+        loop = asyncio.get_running_loop()
+        job = _Job(checkpoint, rows, loop, loop.create_future())
+        with self._cv:
+            if self._stop:
+                raise LayaError(Kind.BUSY, "inference service is shutting down")
+            self._queue.append(job)
+            self._cv.notify()
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            job.future.cancel()  # the device thread skips cancelled jobs
+            raise
+
+    # -- device thread --------------------------------------------------------------------
+    def _cost(self, checkpoint: str) -> Callable[[int, int, int], int]:
+        """cost(rows, longest row, total tokens): the tokens a batch really costs on the runner."""
+        try:
+            runner = self._get_runner(checkpoint)
+        except LayaError:
+            return lambda rows, longest, total: rows * longest   # not loaded: the forward reports why
+        return getattr(runner, "batch_cost", lambda rows, longest, total: rows * longest)
+
+    def _take(self):
+        """The next unit of work: [_Call], [_KeepWarm], a list of _Job for one forward, or [] to stop."""
+        with self._cv:
+            while not self._queue and not self._stop:
+                if self.keep_warm_s > 0 and self._last is not None:
+                    if not self._cv.wait(timeout=self.keep_warm_s) and not self._queue and not self._stop:
+                        return [_KeepWarm(*self._last)]
+                else:
+                    self._cv.wait()
+            if self._stop:
+                return []
+            first = self._queue.popleft()
+            if isinstance(first, _Call):
+                return [first]
+            if self.max_wait_s > 0 and len(self._queue) == 0:
+                self._cv.wait(timeout=self.max_wait_s)
+            cost = self._cost(first.checkpoint)
+            jobs, rows = [first], first.rows.n
+            longest, total = int(first.rows.lengths.max()), len(first.rows.ids)
+            keep = collections.deque()
+            while self._queue:
+                j = self._queue.popleft()
+                if isinstance(j, _Call) or j.checkpoint != first.checkpoint:
+                    keep.append(j)
+                    continue
+                if j.future.cancelled():
+                    continue
+                cand_longest = max(longest, int(j.rows.lengths.max()))
+                if (rows + j.rows.n > self.max_batch_rows
+                        or cost(rows + j.rows.n, cand_longest, total + len(j.rows.ids)) > self.max_batch_tokens):
+                    keep.append(j)
+                    keep.extend(self._queue)
+                    self._queue.clear()
+                    break
+                jobs.append(j)
+                rows += j.rows.n
+                longest, total = cand_longest, total + len(j.rows.ids)
+            keep.extend(self._queue)
+            self._queue.clear()
+            self._queue.extend(keep)
+            return jobs
+
+    def _loop(self) -> None:
+        while True:
+            jobs = self._take()
+            if not jobs:
+                return
+            if isinstance(jobs[0], _Call):
+                self._run_call(jobs[0])
+                continue
+            if isinstance(jobs[0], _KeepWarm):
+                self._keep_warm(jobs[0])
+                continue
+            jobs = [j for j in jobs if not j.future.cancelled()]
+            if not jobs:
+                continue
+            self._run_batch(jobs)
+
+    def _keep_warm(self, job: _KeepWarm) -> None:
+        """One discarded forward of a real row's shape: keeps the GPU clocked up while idle."""
+        try:
+            runner = self._get_runner(job.checkpoint)
+            runner.run_rows(job.rows, self._pad_id_of(job.checkpoint))
+            self.keep_warm_runs += 1
+        except LayaError as e:       # evicted or failed meanwhile: stop until the next real request
+            log.info("keep-warm skipped: %s", e.detail)
+            self._last = None
+
+    def _run_call(self, job: _Call) -> None:
+        try:
+            out = job.fn()
+            job.loop.call_soon_threadsafe(_set_result, job.future, out)
+        except BaseException as e:  # noqa: BLE001 - delivered to the awaiting coroutine
+            job.loop.call_soon_threadsafe(_set_exception, job.future, e)
+
+    def _forward_within_budget(self, checkpoint: str, rows: PackedRows) -> tuple[list, np.ndarray]:
+        """Per-row logits (float32 [k]) and act logits for `rows`. Rows whose padded cost exceeds
+        the token budget (one large request, or several coalesced by a gateway) run as several
+        forwards that each fit it, so no batch lands in a shape the warmup did not prepare. A packing
+        runner splits by its own plan (real tokens per forward), so it gets the rows whole."""
+        runner = self._get_runner(checkpoint)
+        pad_id, counts = self._pad_id_of(checkpoint), rows.marker_counts
+        cost = self._cost(checkpoint)
+        L = -(-int(rows.lengths.max()) // self.length_multiple) * self.length_multiple
+        per = rows.n
+        while getattr(runner, "packing", None) is None and per > 1 and cost(per, L, per * L) > self.max_batch_tokens:
+            per = (per + 1) // 2
+        logits, acts = [], []
+        for a in range(0, rows.n, per):
+            idx = range(a, min(a + per, rows.n))
+            part = rows if per >= rows.n else rows.take(idx)
+            lg, ac = runner.run_rows(part, pad_id, pad_to=L)
+            logits += [lg[i - a, : int(counts[i])].astype(np.float32, copy=True) for i in idx]
+            acts.append(ac[: len(idx)])
+        return logits, np.concatenate(acts).astype(np.float32, copy=True)
+
+    def _run_batch(self, jobs: list[_Job]) -> None:
+        start = time.perf_counter()
+        try:
+            rows = PackedRows.concat([j.rows for j in jobs])
+            logits, act = self._forward_within_budget(jobs[0].checkpoint, rows)
+        except BaseException as e:  # noqa: BLE001
+            err = e if isinstance(e, LayaError) else LayaError(Kind.INTERNAL, "forward failed: %s: %s" % (type(e).__name__, e))
+            if not isinstance(e, LayaError):
+                log.exception("forward failed")
+            for j in jobs:
+                j.loop.call_soon_threadsafe(_set_exception, j.future, err)
+            return
+        model_ms = (time.perf_counter() - start) * 1e3
+        at = 0
+        for j in jobs:
+            n = j.rows.n
+            res = BatchResult(
+                logits=logits[at: at + n], act_logits=act[at: at + n],
+                queue_ms=(start - j.enqueued) * 1e3, model_ms=model_ms, batch_rows=rows.n)
+            at += n
+            j.loop.call_soon_threadsafe(_set_result, j.future, res)
+        # bookkeeping after the waiters are woken, off their path
+        metrics.FORWARD_SECONDS.labels(jobs[0].checkpoint).observe(model_ms / 1e3)
+        metrics.BATCH_ROWS.observe(rows.n)
+        metrics.QUEUE_DEPTH.set(self.depth)
+        if self.keep_warm_s > 0:
+            self._last = (jobs[0].checkpoint, jobs[0].rows.take([0]))
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

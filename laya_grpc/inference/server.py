@@ -1,0 +1,210 @@
+"""`laya-grpc inference`: the resident model service.
+
+It loads and warms its checkpoints before it reports SERVING on grpc.health.v1, batches
+concurrent requests into shared forward passes on one device thread, and reports device and
+dtype read from the live weights.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+import weakref
+
+import numpy as np
+
+from laya_grpc.core import flags, metrics, rpc, streams
+from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_logging
+from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.core.decode import softmax_f32
+from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokens_pb2
+
+from .batcher import Batcher
+from .registry import Registry
+from .devices import init_device, pick_device
+from .settings import InferenceSettings, add_model_flags
+
+log = logging.getLogger("laya_grpc.inference")
+SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+S = status_pb2
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
+    def __init__(self, registry: Registry, batcher: Batcher, feed: ChangeFeed, settings: InferenceSettings):
+        self.registry, self.batcher, self.feed, self.settings = registry, batcher, feed, settings
+        self.state, self.detail = S.STARTING, "loading checkpoints"
+        self.inflight = 0
+        # device and dtype of each live runner, read from its weights once (not on every response;
+        # status() still reads them live); weak keys, so an evicted runner is not kept alive
+        self._runner_facts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def _facts(self, runner) -> tuple:
+        facts = self._runner_facts.get(runner)
+        if facts is None:
+            facts = self._runner_facts[runner] = (runner.device(), runner.dtype())
+        return facts
+
+    @rpc.servicer_errors
+    async def Infer(self, request, context):
+        return await self.infer(request)
+
+    async def InferStream(self, request_iterator, context):
+        await streams.serve_calls(request_iterator, context, self.infer, inference_pb2.InferReply,
+                                  tokens_pb2.CallError, "Infer")
+
+    async def infer(self, request) -> inference_pb2.InferResponse:
+        self.inflight += 1
+        try:
+            async with self.registry.pinned(request.checkpoint) as slot:
+                return await self._infer(slot, request)
+        finally:
+            self.inflight -= 1
+
+    async def _infer(self, slot, request) -> inference_pb2.InferResponse:
+        runner = slot.runner
+        rows = PackedRows.from_proto(request.rows, vocab_size=runner.vocab_size, max_len=runner.max_positions)
+        if rows.fingerprint and rows.fingerprint != slot.fingerprint:
+            raise LayaError(Kind.INVALID, "token rows were made by another tokenizer (fingerprint %s..., checkpoint "
+                            "%r has %s...)" % (rows.fingerprint[:12], slot.name, slot.fingerprint[:12]))
+        device, dtype = self._facts(runner)
+        if rows.n == 0:
+            return inference_pb2.InferResponse(n_act=runner.n_act, device=device, dtype=dtype)
+        res = await self.batcher.submit(slot.name, rows)
+        metrics.QUEUE_SECONDS.observe(res.queue_ms / 1e3)
+        probs = [softmax_f32(lg / np.float32(slot.temps.for_question(q, len(lg))))
+                 for lg, q in zip(res.logits, rows.qtypes.tolist())]
+        return inference_pb2.InferResponse(
+            logits=np.concatenate(res.logits).astype("<f4").tobytes(),
+            probabilities=np.concatenate(probs).astype("<f4").tobytes(),
+            act_logits=res.act_logits.astype("<f4").tobytes(), n_act=int(res.act_logits.shape[1]),
+            device=device, dtype=dtype, queue_ms=res.queue_ms,
+            model_ms=res.model_ms, batch_rows=res.batch_rows)
+
+    @rpc.servicer_errors
+    async def ListCheckpoints(self, request, context):
+        return inference_pb2.ListCheckpointsResponse(
+            checkpoints=[self.registry.status(s) for s in self.registry.slots.values()])
+
+    @rpc.servicer_errors
+    async def LoadCheckpoint(self, request, context):
+        slot = await self.registry.ensure(request.checkpoint)
+        return self.registry.status(slot)
+
+    def snapshot(self) -> status_pb2.ServiceStatus:
+        return S.ServiceStatus(
+            service="inference", state=self.state, detail=self.detail, instance_id=self.feed.instance_id,
+            sequence=self.feed.sequence, time_unix=time.time(), started_unix=self.feed.started,
+            queue_depth=self.batcher.depth, inflight=self.inflight, address=self.settings.address,
+            checkpoints=[self.registry.status(s) for s in self.registry.slots.values()])
+
+    @rpc.servicer_errors
+    async def GetStatus(self, request, context):
+        return self.snapshot()
+
+    async def WatchStatus(self, request, context):
+        heartbeat = clamp_heartbeat(request.heartbeat_s, self.settings.heartbeat_s)
+        seen = -1
+        while True:
+            await self.feed.wait(seen, heartbeat)
+            seen = self.feed.sequence
+            await context.write(self.snapshot())
+
+
+async def serve(settings: InferenceSettings) -> int:
+    try:
+        pick = pick_device(settings.device, settings.backend, settings.require_device)
+    except LayaError as e:
+        log.error("%s", e.detail)
+        print("laya-grpc inference: %s" % e.detail, file=sys.stderr)
+        return 3
+    metrics.serve_metrics(settings.metrics)
+    feed = ChangeFeed()
+    registry_ref = {}
+    batcher = Batcher(lambda name: registry_ref["r"].ready_runner(name), lambda name: registry_ref["r"].slots[name].pad_id,
+                      max_batch_tokens=settings.max_batch_tokens, max_batch_rows=settings.max_batch_rows,
+                      max_wait_ms=settings.max_wait_ms, keep_warm_s=settings.keep_warm_s)
+    registry = Registry(settings.checkpoints, settings.backend, pick, settings.dtype, settings.max_loaded,
+                        settings.warmup, batcher.run_on_device, feed.bump,
+                        runner_options={"max_rows": settings.max_batch_rows, "max_batch_tokens": settings.max_batch_tokens,
+                                        "cuda_kernels": settings.cuda_kernels, "pack_rows": settings.pack_rows})
+    registry_ref["r"] = registry
+    servicer = InferenceServicer(registry, batcher, feed, settings)
+    srv = rpc.server()
+    inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, srv)
+    hs = rpc.add_health_and_reflection(srv, [SERVICE_NAME])
+    await rpc.set_health(hs, [SERVICE_NAME], False)
+    try:
+        settings.address = rpc.bind(srv, settings.address)
+    except RuntimeError as e:
+        print("laya-grpc inference: cannot listen on %s: %s (address in use?)" % (settings.address, e), file=sys.stderr)
+        return 2
+    await srv.start()
+    batcher.start()
+    # first in the device thread's queue: the CUDA context comes up while checkpoints are read and hashed
+    device_init = batcher.run_on_device(lambda: init_device(pick.device, settings.backend))
+    device_init.add_done_callback(lambda fut: _log_device_init(fut, pick.device))
+    log.info("inference listening on %s (backend %s, device %s%s)", settings.address, settings.backend, pick.device,
+             " FALLBACK: " + pick.reason if pick.fallback else "")
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+
+    preload = settings.preload or list(settings.checkpoints)[: settings.max_loaded]
+    loading = asyncio.ensure_future(_preload(servicer, registry, hs, feed, preload))
+    await stop.wait()
+    loading.cancel()
+    servicer.state, servicer.detail = S.DRAINING, "shutting down"
+    feed.bump()
+    await rpc.set_health(hs, [SERVICE_NAME], False)
+    await srv.stop(grace=2.0)
+    batcher.stop()
+    return 0
+
+
+def _log_device_init(fut: "asyncio.Future", device: str) -> None:
+    if fut.cancelled():
+        return
+    if fut.exception() is not None:   # the checkpoint load on the same device will fail and say why
+        log.error("device init failed: %s", fut.exception())
+    elif fut.result() > 0.01:
+        log.info("device %s initialised in %.0f ms", device, fut.result() * 1e3)
+
+
+async def _preload(servicer: InferenceServicer, registry: Registry, hs, feed: ChangeFeed, preload: list) -> None:
+    """Load and warm the preloaded checkpoints; SERVING once at least one is ready."""
+    servicer.state, servicer.detail = S.LOADING, "loading %s" % ", ".join(preload)
+    feed.bump()
+    for name in preload:
+        try:
+            await registry.ensure(name)
+        except LayaError as e:
+            log.error("preload of %s failed: %s", name, e.detail)
+    registry.started = True
+    ok = [n for n in preload if registry.slots[n].state == S.READY]
+    if ok:
+        servicer.state = S.READY
+        failed = [n for n in preload if n not in ok]
+        servicer.detail = ("failed: %s" % ", ".join(failed)) if failed else ""
+        await rpc.set_health(hs, [SERVICE_NAME], True)
+    else:
+        servicer.state, servicer.detail = S.FAILED, "no checkpoint could be loaded"
+    feed.bump()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    flags.add(p, "--listen", env="LAYA_INFERENCE_LISTEN", default="127.0.0.1:50052",
+              help="address to serve on: HOST:PORT or unix:/path.sock")
+    metrics.add_flag(p, "LAYA_INFERENCE_METRICS")
+    add_model_flags(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging("inference")
+    try:
+        settings = InferenceSettings.from_args(args)
+    except LayaError as e:
+        print("laya-grpc inference: %s" % e.detail, file=sys.stderr)
+        return 2
+    return asyncio.run(serve(settings))

@@ -1,0 +1,443 @@
+"""The Laya network (ModernBERT encoder + typed decision head) in plain torch.
+
+Built straight from a checkpoint's `model.safetensors` + its configs (parsed by `laya_grpc.core.netspec`,
+as `open_checkpoint` parses them) so the service needs neither `transformers` nor `laya`. The maths follow upstream laya 0.4.15 `DecisionModel`
+over transformers 5.24 `ModernBertModel` (sdpa) op for op, so CPU fp32 matches to float
+rounding (see tests/test_torch_model_parity.py). Laid out for speed: one fused Wqkv matmul,
+SDPA, one mask per layer type per batch, cached RoPE tables, no host syncs in `forward`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.netspec import FULL, SLIDING, NetSpec, read_net_spec
+from .weights import load_weights
+
+# encoder/config.json `dtype` (NetSpec.encoder_dtype) -> the torch dtype upstream builds the encoder in (G2)
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ----------------------------------------------------------------------------------- encoder
+
+class _Attn(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.Wqkv = nn.Linear(d, 3 * d, bias=False)
+        self.Wo = nn.Linear(d, d, bias=False)
+
+
+class _Mlp(nn.Module):
+    def __init__(self, d: int, inter: int):
+        super().__init__()
+        self.Wi = nn.Linear(d, 2 * inter, bias=False)
+        self.Wo = nn.Linear(inter, d, bias=False)
+
+
+class _EncoderLayer(nn.Module):
+    def __init__(self, spec: NetSpec, first: bool):
+        super().__init__()
+        d = spec.hidden_size
+        # layer 0 has no attn_norm (ModernBERT: the embedding norm already normalised its input)
+        self.attn_norm = None if first else nn.LayerNorm(d, eps=spec.norm_eps, bias=False)
+        self.attn = _Attn(d)
+        self.mlp_norm = nn.LayerNorm(d, eps=spec.norm_eps, bias=False)
+        self.mlp = _Mlp(d, spec.intermediate_size)
+
+
+class _Embeddings(nn.Module):
+    def __init__(self, spec: NetSpec):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps, bias=False)
+
+
+class _Encoder(nn.Module):
+    def __init__(self, spec: NetSpec):
+        super().__init__()
+        self.embeddings = _Embeddings(spec)
+        self.layers = nn.ModuleList(_EncoderLayer(spec, i == 0) for i in range(spec.num_layers))
+        self.final_norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps, bias=False)
+
+
+@contextlib.contextmanager
+def _no_param_init():
+    """Skip nn.Module's random initialisation while building on the meta device: every parameter
+    is replaced by the checkpoint's tensor anyway, and on meta tensors `nn.init` goes through
+    torch._refs, whose first use imports torch._dynamo (~1.1 s of every service start)."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "xavier_uniform_", "ones_", "zeros_", "constant_")
+    saved = {n: getattr(nn.init, n) for n in names}
+    for n in names:
+        setattr(nn.init, n, lambda tensor, *a, **k: tensor)
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(nn.init, n, fn)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+# ------------------------------------------------------------------------------ decision head
+
+class _HeadAttn(nn.Module):
+    """Parameter layout of nn.MultiheadAttention (upstream `_DynamicMultiheadAttention`)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d, d))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * d))
+        self.out_proj = nn.Linear(d, d)
+
+
+class _HeadLayer(nn.Module):
+    """Pre-norm nn.TransformerEncoderLayer(d, max(1, d//64), 4d, ReLU) parameter layout."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.self_attn = _HeadAttn(d)
+        self.linear1 = nn.Linear(d, 4 * d)
+        self.linear2 = nn.Linear(4 * d, d)
+        self.norm1 = nn.LayerNorm(d)
+        self.norm2 = nn.LayerNorm(d)
+
+
+class _Head(nn.Module):
+    def __init__(self, d: int, n: int):
+        super().__init__()
+        self.layers = nn.ModuleList(_HeadLayer(d) for _ in range(n))
+
+
+# ------------------------------------------------------------------------------------ model
+
+class LayaTorch(nn.Module):
+    """DecisionModel.forward without transformers: (option logits [B,K] fp32, act logits [B,n_act] fp32)."""
+
+    def __init__(self, spec: NetSpec):
+        super().__init__()
+        self.spec = spec
+        d = spec.hidden_size
+        self.encoder = _Encoder(spec)
+        self.head = _Head(d, spec.head_layers) if spec.head_layers > 0 else None
+        self.type_emb = nn.Embedding(3, d)
+        self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        self.act_head = nn.Sequential(nn.Linear(d + 4, 256), nn.GELU(), nn.Linear(256, spec.n_act))
+        # unused by the maths; present in every upstream checkpoint (strict load, gotcha G5)
+        self.register_buffer("temperature", torch.ones(3))
+        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        # "reference" follows transformers op for op (CPU fp32: bit-exact to upstream); "fused"
+        # is `encode_fused`, the CUDA path (use_fused_kernels)
+        self.kernels = "reference"
+        self.attn_backends: list | None = None   # SDPA backends for encode_fused; None = torch's choice
+        # encode_fused's attention in the sequential layout: "triton" (cuda_attention.py, one launch a
+        # layer) or "sdpa" (rope_qk + SDPA with a bias, the earlier path, kept for A/B measurement);
+        # the parallel layout always takes "sdpa"
+        self.attn_impl = "triton"
+        # encode_fused's residual adds and norms: "triton" (cuda_kernels.add_layer_norm, add + norm in
+        # one launch) or "addmm" (residual inside the Wo GEMMs, nn.LayerNorm; the earlier path, for A/B)
+        self.add_norm = "triton"
+
+    # -- loading -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Any, device: str | torch.device = "cpu",
+                        dtype: torch.dtype | None = None) -> "LayaTorch":
+        """Build from a checkpoint directory (or an object with a `.path` to one).
+
+        `dtype=None` reproduces upstream's CPU load: encoder in the dtype its config declares
+        (float32 unless `encoder/config.json` says otherwise), head and scorers in float32.
+        An explicit dtype puts every parameter in it (the accelerator policy, devices.py).
+        """
+        ckpt_dir = os.fspath(getattr(ckpt, "path", ckpt))
+        spec = read_net_spec(ckpt_dir)
+        with torch.device("meta"), _no_param_init():
+            model = cls(spec)
+        enc_dtype = TORCH_DTYPES[spec.encoder_dtype] if dtype is None else dtype
+        rest_dtype = torch.float32 if dtype is None else dtype
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        dtypes = {k: enc_dtype if k.startswith("encoder.") else rest_dtype for k in expected}
+        dtypes["temperature"] = torch.float32
+        tensors = load_weights(os.path.join(ckpt_dir, "model.safetensors"), expected, dtypes, device)
+        model.load_state_dict(tensors, strict=True, assign=True)
+        return model.eval().requires_grad_(False)
+
+    # -- masks and rotary tables -------------------------------------------------------------
+
+    def _rope(self, theta: float, length: int, device: torch.device, dtype: torch.dtype):
+        """cos/sin [length, head_dim] for positions 0..length-1, exactly as ModernBERT computes them.
+
+        One table per (theta, device, dtype), grown to the longest length seen and sliced: each
+        position's value does not depend on the table's length, so slices are bit-identical to a
+        fresh table, and captured CUDA graphs can keep pointing at it (prepare_rope)."""
+        key = (theta, torch.device(device), dtype)
+        hit = self._rope_cache.get(key)
+        if hit is None or hit[0].shape[0] < length:
+            dim = self.spec.head_dim
+            inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(
+                device=device, dtype=torch.float) / dim))
+            freqs = torch.arange(length, device=device).float()[:, None] * inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            hit = (emb.cos().to(dtype), emb.sin().to(dtype))
+            self._rope_cache[key] = hit
+        return hit[0][:length], hit[1][:length]
+
+    def prepare_rope(self, max_length: int) -> None:
+        """Build the rotary tables at their final length before any CUDA graph is captured.
+
+        Keyed by the weights' device (what `encode` sees as x.device: "cuda:0", never "cuda"), else
+        forward would grow a second table lazily and earlier graphs would read freed memory."""
+        weight = self.encoder.embeddings.tok_embeddings.weight
+        for kind in set(self.spec.layer_types):
+            self._rope(self.spec.rope_theta[kind], max_length, weight.device, weight.dtype)
+
+    def _masks(self, attention_mask, position_ids, option_ids, length: int):
+        """Boolean SDPA masks (True = may attend), one per layer type, built once per batch."""
+        keys = attention_mask.bool()[:, None, None, :]                     # [B,1,1,L]
+        w = self.spec.sliding_window
+        if option_ids is None:
+            idx = torch.arange(length, device=attention_mask.device)
+            near = (idx[:, None] - idx[None, :]).abs() <= w                # [L,L]
+            # every query also sees itself: a real token already does, and a padding query far
+            # past the window would otherwise have no key at all (NaN in SDPA's fused GPU kernels)
+            return {FULL: keys, SLIDING: (keys & near) | (idx[:, None] == idx[None, :])}
+        # laya.common.parallel_option_masks: no attention between two different options; the
+        # window is measured in position ids, because options share positions.
+        opt_q, opt_k = option_ids[:, :, None], option_ids[:, None, :]
+        other = (opt_q > 0) & (opt_k > 0) & (opt_q != opt_k)
+        full = keys & ~other[:, None]
+        near = (position_ids[:, :, None] - position_ids[:, None, :]).abs() <= w
+        idx = torch.arange(length, device=attention_mask.device)
+        return {FULL: full, SLIDING: (full & near[:, None]) | (idx[:, None] == idx[None, :])}
+
+    # -- forward -----------------------------------------------------------------------------
+
+    def use_fused_kernels(self, attn_backends: list | None = None, attn_impl: str = "triton",
+                          add_norm: str = "triton") -> None:
+        """Run `encode_fused` from now on (Triton kernels: cuda_kernels.py, cuda_attention.py).
+
+        attn_impl "sdpa" keeps the earlier rope_qk + SDPA attention in the sequential layout too (A/B
+        measurement); attn_backends only steer SDPA, so they apply where SDPA runs. add_norm "addmm"
+        keeps the earlier residual-in-the-GEMM adds and nn.LayerNorm (A/B measurement)."""
+        if attn_impl not in ("triton", "sdpa"):
+            raise LayaError(Kind.INVALID, "attn_impl must be one of triton, sdpa; got %r" % (attn_impl,))
+        if add_norm not in ("triton", "addmm"):
+            raise LayaError(Kind.INVALID, "add_norm must be one of triton, addmm; got %r" % (add_norm,))
+        self.kernels, self.attn_backends, self.attn_impl = "fused", attn_backends, attn_impl
+        self.add_norm = add_norm
+
+    def encode(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
+        """ModernBertModel(...).last_hidden_state."""
+        spec, enc = self.spec, self.encoder
+        B, L = input_ids.shape
+        dtype = enc.embeddings.tok_embeddings.weight.dtype
+        x = enc.embeddings.norm(enc.embeddings.tok_embeddings(input_ids))
+        masks = self._masks(attention_mask, position_ids, option_ids, L)
+        rope = {}
+        for kind in set(spec.layer_types):
+            if position_ids is None:
+                cos, sin = self._rope(spec.rope_theta[kind], L, x.device, dtype)
+                rope[kind] = (cos[None, None], sin[None, None])                 # [1,1,L,hd]
+            else:
+                # parallel layout: options share positions, so every id is < L (no host sync)
+                cos, sin = self._rope(spec.rope_theta[kind], L, x.device, dtype)
+                rope[kind] = (cos[position_ids][:, None], sin[position_ids][:, None])  # [B,1,L,hd]
+        H, hd = spec.heads, spec.head_dim
+        scale = hd ** -0.5
+        for layer, kind in zip(enc.layers, spec.layer_types):
+            y = x if layer.attn_norm is None else layer.attn_norm(x)
+            q, k, v = layer.attn.Wqkv(y).view(B, L, 3, H, hd).transpose(1, 3).unbind(dim=2)  # [B,H,L,hd]
+            cos, sin = rope[kind]
+            # transformers applies RoPE in fp32 and casts back (apply_rotary_pos_emb)
+            qf, kf = q.float(), k.float()
+            q = (qf * cos + _rotate_half(qf) * sin).to(dtype)
+            k = (kf * cos + _rotate_half(kf) * sin).to(dtype)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[kind], scale=scale)
+            x = x + layer.attn.Wo(a.transpose(1, 2).reshape(B, L, -1))
+            u, g = layer.mlp.Wi(layer.mlp_norm(x)).chunk(2, dim=-1)
+            x = x + layer.mlp.Wo(F.gelu(u) * g)
+        return enc.final_norm(x)
+
+    def encode_fused(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
+        """`encode` in about a third of the kernels, for CUDA graphs (same function, float rounding apart).
+
+        Per layer (add_norm "triton"): Wqkv, attention, Wo, one add + LayerNorm kernel (the residual
+        updated in place, the MLP's normed input out), Wi, one GELU-gate kernel, Wo, add + the next
+        layer's norm (the final norm after the last layer). Why: each residual add and the norm after
+        it read and write the same row, so one launch does both, and a plain GEMM avoids the copy of
+        the residual into the output that cuBLAS makes for addmm; the GEMM output is rounded before
+        the add, as `encode` rounds it. add_norm "addmm" (the earlier path, for A/B): norm, Wqkv,
+        attention, Wo with the residual added in the GEMM (beta=1, rounding once), norm, Wi, GELU
+        gate, Wo + residual, final norm. Attention, sequential layout (attn_impl "triton"): one
+        kernel reading q/k/v from the Wqkv output, RoPE on load, masks from per-row lengths, output
+        token-major for Wo (cuda_attention.py; rows must be prefix-contiguous, as the padded batches
+        are). Parallel layout, or attn_impl "sdpa" (the earlier path, for A/B): one RoPE kernel for q
+        and k, SDPA with a bias built once per forward, a layout copy. Same function as `encode` up
+        to float rounding; the tolerance is the contract there (docs/performance.md), CPU fp32
+        serving keeps `encode`.
+        """
+        from torch.nn.attention import sdpa_kernel
+        from . import cuda_kernels as ck
+        spec, enc = self.spec, self.encoder
+        B, L = input_ids.shape
+        N, d, H, hd = B * L, spec.hidden_size, spec.heads, spec.head_dim
+        dtype = enc.embeddings.tok_embeddings.weight.dtype
+        if self.attn_impl not in ("triton", "sdpa"):
+            raise LayaError(Kind.INVALID, "attn_impl must be one of triton, sdpa; got %r" % (self.attn_impl,))
+        if self.add_norm not in ("triton", "addmm"):
+            raise LayaError(Kind.INVALID, "add_norm must be one of triton, addmm; got %r" % (self.add_norm,))
+        one_kernel = position_ids is None and self.attn_impl == "triton"
+        if one_kernel:
+            from . import cuda_attention as ca
+            lengths = ca.lengths_of(attention_mask)                              # [B] int32, on the device
+        else:
+            bias = {kind: torch.zeros(m.shape, dtype=dtype, device=input_ids.device).masked_fill_(~m, float("-inf"))
+                    for kind, m in self._masks(attention_mask, position_ids, option_ids, L).items()}
+        tables = {kind: self._rope(spec.rope_theta[kind], L, input_ids.device, dtype) for kind in set(spec.layer_types)}
+        pos = None if position_ids is None else position_ids.contiguous()
+        scale = hd ** -0.5
+
+        def attend(qkv, kind):
+            if one_kernel:
+                return ca.attention(qkv, *tables[kind], lengths, B, L, H, spec.sliding_window, kind == SLIDING, scale)
+            qk = ck.rope_qk(qkv, *tables[kind], pos, B, L, H)            # [2, N, H, hd]
+            q = qk[0].view(B, L, H, hd).transpose(1, 2)
+            k = qk[1].view(B, L, H, hd).transpose(1, 2)
+            v = qkv.view(B, L, 3, H, hd)[:, :, 2].transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[kind], scale=scale)
+            return a.transpose(1, 2).reshape(N, d)
+
+        with sdpa_kernel(self.attn_backends) if self.attn_backends and not one_kernel else contextlib.nullcontext():
+            return self._fused_stack(input_ids.reshape(N), attend).view(B, L, d)
+
+    def _fused_stack(self, ids, attend) -> torch.Tensor:
+        """The encoder's layers over a flat token stream ids [N] -> final hidden states [N, d]: every
+        step is per token except `attend(qkv [N, 3d], layer kind) -> [N, d]`, which the padded and the
+        packed forwards supply (encode_fused, forward_packed)."""
+        from . import cuda_kernels as ck
+        enc = self.encoder
+        fused_norm = self.add_norm == "triton"
+        emb = enc.embeddings.tok_embeddings(ids)
+        norm = enc.embeddings.norm
+        x = ck.layer_norm(emb, norm.weight, norm.eps) if fused_norm else norm(emb)
+        y = x            # Wqkv's input; layer 0 has no attn_norm (the embedding norm already ran)
+        for i, (layer, kind) in enumerate(zip(enc.layers, self.spec.layer_types)):
+            if not fused_norm:
+                y = x if layer.attn_norm is None else layer.attn_norm(x)
+            a = attend(layer.attn.Wqkv(y), kind)                             # [N, d]
+            if fused_norm:
+                # x += a Wo^T in place, y = mlp_norm(x); then x += MLP(y), y = the next norm of x
+                x, y = ck.add_layer_norm(x, layer.attn.Wo(a), layer.mlp_norm.weight, layer.mlp_norm.eps)
+                o = layer.mlp.Wo(ck.gelu_gate(layer.mlp.Wi(y)))
+                nxt = enc.layers[i + 1].attn_norm if i + 1 < len(enc.layers) else enc.final_norm
+                if nxt is None:                               # an identity norm (ModernBERT: layer 0's only)
+                    x = y = x.add_(o)
+                else:
+                    x, y = ck.add_layer_norm(x, o, nxt.weight, nxt.eps)
+            else:
+                x = torch.addmm(x, a, layer.attn.Wo.weight.t())
+                x = torch.addmm(x, ck.gelu_gate(layer.mlp.Wi(layer.mlp_norm(x))), layer.mlp.Wo.weight.t())
+        return y if fused_norm else enc.final_norm(x)
+
+    def forward_packed(self, ids, tok_qtype, starts, lengths, blk_seg, blk_m0, marker_pos, marker_mask,
+                       max_len: int):
+        """`forward` over packed rows (inference_svc/packing.py): rows laid end to end in one token
+        stream, each a segment that attends only within itself, positions from its own start.
+
+        ids, tok_qtype [T]; starts, lengths [S+1] (slot S empty); blk_seg, blk_m0: the attention block
+        table; marker_pos [S, K] (token indices in the stream), marker_mask [S, K]; all int32 on the
+        device. max_len: no segment is longer (the RoPE tables are read up to it). Returns (option
+        logits [S, K] fp32, act logits [S, n_act] fp32); spare slots give finite rows to discard.
+        The fused encoder's kernels, with the attention of encoder and decision head both block-
+        diagonal (cuda_attention.attention_packed); same function as `forward` on the padded rows up
+        to float rounding (tests/test_row_packing.py)."""
+        from . import cuda_attention as ca
+        spec = self.spec
+        H, hd, window = spec.heads, spec.head_dim, spec.sliding_window
+        dtype = self.encoder.embeddings.tok_embeddings.weight.dtype
+        tables = {kind: self._rope(spec.rope_theta[kind], max_len, ids.device, dtype) for kind in set(spec.layer_types)}
+        scale = hd ** -0.5
+
+        def attend(qkv, kind):
+            return ca.attention_packed(qkv, *tables[kind], starts, lengths, blk_seg, blk_m0, H, window,
+                                       kind == SLIDING, scale)
+
+        h = self._fused_stack(ids, attend)
+        h = h.to(self.type_emb.weight.dtype) + self.type_emb(tok_qtype)
+        if self.head is not None:
+            nh = spec.head_heads
+            d = h.shape[-1]
+            for layer in self.head.layers:
+                sa = layer.self_attn
+                qkv = F.linear(layer.norm1(h), sa.in_proj_weight, sa.in_proj_bias)
+                a = ca.attention_packed(qkv, None, None, starts, lengths, blk_seg, blk_m0, nh, 0, False,
+                                        (d // nh) ** -0.5, rope=False)
+                h = h + sa.out_proj(a)
+                h = h + layer.linear2(F.relu(layer.linear1(layer.norm2(h))))
+        S = marker_pos.shape[0]
+        logits = self.scorer(h[marker_pos.long()]).squeeze(-1).float()
+        logits = logits.masked_fill(~marker_mask.bool(), -1e4)
+        return logits, self._act(logits, marker_mask, h[starts[:S].long()])
+
+    def _head_layer(self, layer: _HeadLayer, h: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """One pre-norm nn.TransformerEncoderLayer step, on the kernel upstream's call reaches.
+
+        Upstream runs `layer(h, src_key_padding_mask=pad)` under no_grad; torch then takes its fused
+        `_transformer_encoder_layer_fwd` fast path whenever the head count is even and autocast is
+        off, else `_DynamicMultiheadAttention` (SDPA). Same maths, different rounding (3e-4 on
+        logits of magnitude 100), so we take the same branch for bit-equal fp32 results.
+        """
+        B, L, d = h.shape
+        nh = self.spec.head_heads
+        sa = layer.self_attn
+        if nh % 2 == 0 and not torch.is_autocast_enabled(h.device.type) and h.dtype == torch.float32:
+            return torch._transformer_encoder_layer_fwd(
+                h, d, nh, sa.in_proj_weight, sa.in_proj_bias, sa.out_proj.weight, sa.out_proj.bias,
+                False, True, layer.norm1.eps, layer.norm1.weight, layer.norm1.bias,
+                layer.norm2.weight, layer.norm2.bias, layer.linear1.weight, layer.linear1.bias,
+                layer.linear2.weight, layer.linear2.bias, pad, 1)
+        y = layer.norm1(h)
+        q, k, v = (t.view(B, L, nh, d // nh).transpose(1, 2)
+                   for t in F.linear(y, sa.in_proj_weight, sa.in_proj_bias).chunk(3, dim=-1))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :])
+        h = h + sa.out_proj(a.transpose(1, 2).reshape(B, L, d))
+        return h + layer.linear2(F.relu(layer.linear1(layer.norm2(h))))
+
+    def forward(self, input_ids, attention_mask, marker_pos, marker_mask, qtype,
+                position_ids=None, option_ids=None):
+        if (position_ids is None) != (option_ids is None):
+            raise LayaError(Kind.INTERNAL, "position_ids and option_ids come together (parallel option layout)")
+        encode = self.encode_fused if self.kernels == "fused" else self.encode
+        h = encode(input_ids, attention_mask, position_ids, option_ids)
+        head_dtype = self.type_emb.weight.dtype
+        h = h.to(head_dtype) + self.type_emb(qtype)[:, None, :]
+        if self.head is not None:
+            pad = ~attention_mask.bool()
+            for layer in self.head.layers:
+                h = self._head_layer(layer, h, pad)
+        idx = marker_pos.clamp(min=0)[:, :, None].expand(-1, -1, h.size(-1))
+        logits = self.scorer(torch.gather(h, 1, idx)).squeeze(-1).float()
+        logits = logits.masked_fill(~marker_mask.bool(), -1e4)
+        return logits, self._act(logits, marker_mask, h[:, 0])
+
+    def _act(self, logits, marker_mask, cls) -> torch.Tensor:
+        """The act head: [CLS after the head layers, top1, top1 - top2, normalised entropy, k / 255]."""
+        p = torch.softmax(logits, -1)
+        k = marker_mask.sum(-1).clamp(min=2).float()
+        ent = -(p * torch.log(p.clamp_min(1e-9))).sum(-1) / torch.log(k)
+        if p.size(-1) >= 2:
+            top = p.topk(2, -1).values
+            top1, top2 = top[:, 0], top[:, 1]
+        else:  # one option: upstream pads the missing second probability with 0
+            top1, top2 = p[:, 0], torch.zeros_like(p[:, 0])
+        feats = torch.stack([top1, top1 - top2, ent, k / 255.0], -1)
+        act_in = torch.cat([cls.float(), feats], -1).to(self.act_head[0].weight.dtype)
+        return self.act_head(act_in).float()

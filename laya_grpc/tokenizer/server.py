@@ -1,0 +1,159 @@
+"""`laya-grpc tokenizer`: requests (states + questions) in, Laya's packed token rows out.
+
+Its own process so text work never competes with the device thread for the GIL; run several
+processes to scale (`serve --tokenizer-workers N`). Never imports torch or mlx.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional
+
+from laya_grpc.core import flags, metrics, rpc, streams
+from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
+from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.core.questions import parse_questions
+from laya_grpc.core.sources import open_source, parse_checkpoint_specs
+from laya_proto.v1 import tokenizer_pb2, tokenizer_pb2_grpc, tokens_pb2
+
+from .encoding import EncodeJob, TextEncoder
+from .microbatch import MicroBatcher
+from laya_grpc.core.question_wire import question_from_text
+
+log = logging.getLogger("laya_grpc.tokenizer")
+SERVICE_NAME = tokenizer_pb2.DESCRIPTOR.services_by_name["TokenizerService"].full_name
+
+
+@dataclass
+class LoadedTokenizer:
+    name: str
+    encoder: TextEncoder
+    max_len: int
+    head_max_len: int
+    parallel: bool
+    batcher: Optional[MicroBatcher] = None
+
+
+def load_tokenizers(sources: dict) -> dict:
+    out = {}
+    for name, source in sources.items():
+        ckpt = open_source(source)
+        parallel = ckpt.parallel
+        enc = TextEncoder(ckpt.tokenizer_dir, max_len=int(ckpt.max_len), head_max_len=int(ckpt.head_max_len),
+                          parallel_layout=parallel)
+        out[name] = LoadedTokenizer(name, enc, int(ckpt.max_len), int(ckpt.head_max_len), parallel)
+        log.info("tokenizer %s ready (%s, fingerprint %s)", name, ckpt.tokenizer_dir, enc.fingerprint[:12])
+    return out
+
+
+class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
+    def __init__(self, tokenizers: dict, pool: ThreadPoolExecutor):
+        self.tokenizers, self.pool = tokenizers, pool
+
+    def _get(self, name: str) -> LoadedTokenizer:
+        tok = self.tokenizers.get(name)
+        if tok is None:
+            raise LayaError(Kind.NOT_FOUND, "unknown checkpoint %r; this tokenizer serves %s" % (name, sorted(self.tokenizers)))
+        return tok
+
+    @rpc.servicer_errors
+    async def Tokenize(self, request, context):
+        return await self.tokenize(request)
+
+    async def TokenizeStream(self, request_iterator, context):
+        await streams.serve_calls(request_iterator, context, self.tokenize, tokenizer_pb2.TokenizeReply,
+                                  tokens_pb2.CallError, "Tokenize")
+
+    async def tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
+        tok = self._get(request.checkpoint)
+        try:
+            states = [json.loads(s) for s in request.states_json]
+            questions_obj = json.loads(request.questions_json) if request.questions_json else None
+        except ValueError as e:
+            raise LayaError(Kind.BAD_REQUEST, "states_json/questions_json must be JSON: %s" % e) from None
+        if questions_obj is not None and len(request.questions):
+            raise LayaError(Kind.INVALID, "send questions_json or questions, not both")
+        questions = parse_questions(questions_obj) if questions_obj is not None else \
+            [question_from_text(q) for q in request.questions]
+        max_len = request.max_len if request.HasField("max_len") else None
+        head_max_len = request.head_max_len if request.HasField("head_max_len") else None
+        t0 = time.perf_counter()
+        if tok.batcher is None:
+            tok.batcher = MicroBatcher(tok.encoder, self.pool)
+        encoded = await tok.batcher.encode(EncodeJob(states, questions, max_len, head_max_len))
+        rows = PackedRows.from_rows([r for e in encoded for r in e.rows], tok.encoder.fingerprint)
+        resp = tokenizer_pb2.TokenizeResponse(rows_per_state=len(questions),
+                                              usage_json=[json.dumps(e.usage, ensure_ascii=False) for e in encoded],
+                                              tokenize_ms=(time.perf_counter() - t0) * 1e3)
+        rows.to_proto(resp.rows)
+        return resp
+
+    @rpc.servicer_errors
+    async def GetTokenizerInfo(self, request, context):
+        names = [request.checkpoint] if request.checkpoint else list(self.tokenizers)
+        info = tokenizer_pb2.TokenizerInfo()
+        for n in names:
+            t = self._get(n)
+            info.entries.add(checkpoint=n, fingerprint=t.encoder.fingerprint, max_len=t.max_len,
+                             head_max_len=t.head_max_len, parallel_layout=t.parallel, pad_id=t.encoder.pad_id)
+        return info
+
+
+async def serve(sources: dict, address: str, threads: int, metrics_address: Optional[str] = None) -> int:
+    metrics.serve_metrics(metrics_address)
+    srv = rpc.server()
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tok")
+    servicer = TokenizerServicer({}, pool)
+    tokenizer_pb2_grpc.add_TokenizerServiceServicer_to_server(servicer, srv)
+    hs = rpc.add_health_and_reflection(srv, [SERVICE_NAME])
+    await rpc.set_health(hs, [SERVICE_NAME], False)
+    try:
+        address = rpc.bind(srv, address)
+    except RuntimeError as e:
+        print("laya-grpc tokenizer: cannot listen on %s: %s (address in use?)" % (address, e), file=sys.stderr)
+        return 2
+    await srv.start()
+    log.info("tokenizer listening on %s", address)
+    try:
+        servicer.tokenizers = await asyncio.get_running_loop().run_in_executor(None, load_tokenizers, sources)
+    except LayaError as e:
+        log.error("cannot load tokenizers: %s", e.detail)
+        print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
+        await srv.stop(0)
+        return 2
+    await rpc.set_health(hs, [SERVICE_NAME], True)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    await stop.wait()
+    await rpc.set_health(hs, [SERVICE_NAME], False)
+    await srv.stop(grace=2.0)
+    pool.shutdown(wait=False)
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    flags.add(p, "--listen", env="LAYA_TOKENIZER_LISTEN", default="127.0.0.1:50053",
+              help="address to serve on: HOST:PORT or unix:/path.sock")
+    flags.add(p, "--checkpoint", env="LAYA_CHECKPOINTS", append=True, metavar="NAME=SOURCE",
+              help="checkpoints whose tokenizers to serve (same specs as 'inference'); default: upstream's hub checkpoints")
+    flags.add(p, "--threads", env="LAYA_TOKENIZER_THREADS", default=max(1, min(4, os.cpu_count() or 1)), type=int,
+              help="threads running encode_batch (the tokenizers library releases the GIL)")
+    metrics.add_flag(p, "LAYA_TOKENIZER_METRICS")
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging("tokenizer")
+    try:
+        sources = parse_checkpoint_specs(args.checkpoint)
+    except LayaError as e:
+        print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
+        return 2
+    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics))
