@@ -12,6 +12,7 @@ import time
 from typing import Any, Optional
 
 from laya_grpc.core import metrics, rpc, streams
+from laya_grpc.core.controls import LONE_SURROGATE_DETAIL
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
@@ -28,8 +29,18 @@ S = status_pb2
 def _json(text: str, what: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:   # RecursionError: nested deeper than the parser goes
         raise LayaError(Kind.BAD_REQUEST, "%s is not valid JSON: %s" % (what, e)) from None
+
+
+def _body(body: dict) -> bytes:
+    """The JSON body the HTTP route would get; what it cannot hold is the same 400 as there."""
+    try:
+        return json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise LayaError(Kind.BAD_REQUEST, LONE_SURROGATE_DETAIL) from None
+    except RecursionError:
+        raise LayaError(Kind.BAD_REQUEST, "request body must be valid JSON") from None
 
 
 def _questions(qs) -> dict:
@@ -89,7 +100,7 @@ def decide_body(req: decision_pb2.DecideRequest) -> bytes:
         body["state"] = _json(req.state_json, "state_json")
     body["questions"] = _questions(req.questions)
     _controls(req, body)
-    return json.dumps(body, ensure_ascii=False).encode("utf-8")
+    return _body(body)
 
 
 def batch_body(req: decision_pb2.DecideBatchRequest) -> bytes:
@@ -99,7 +110,7 @@ def batch_body(req: decision_pb2.DecideBatchRequest) -> bytes:
     body = {"states": [_json(s, "states_json[%d]" % i) for i, s in enumerate(req.states_json)],
             "questions": _questions(req.questions)}
     _controls(req, body)
-    return json.dumps(body, ensure_ascii=False).encode("utf-8")
+    return _body(body)
 
 
 def _json_key(key: Any) -> str:
