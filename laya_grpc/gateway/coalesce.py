@@ -7,15 +7,18 @@ flight; rows of requests that arrive meanwhile wait and go together in the next 
 at once, from its own task: no timer, no added latency.
 
 Fairness: a request whose rows hold more than `chunk_tokens` tokens is cut into chunks of at most
-that many tokens (whole rows), and keeps at most `window` of them queued or running at a time. The
-pending queue is FIFO, so a large request and the requests that arrive while it runs take turns
-chunk by chunk: a small request waits for about `window` chunks, however large the request before
-it (4,096 rows of a maximal upstream batch no longer hold the device for the whole batch).
+that many tokens (whole rows), sent one after the other, each as its own Infer call outside the
+shared lanes: it never takes a lane's slot, so the requests that arrive meanwhile go out at once
+and reach the device's queue while one chunk runs. A small request therefore waits for about one
+chunk's forward pass, however large the request before it (a maximal upstream batch, 4,096 rows,
+no longer holds the device for the whole batch). One chunk at a time costs the large request a
+gateway round trip per chunk (~1 ms, ~1% of a chunk on the CI box; raise `chunk_tokens` where
+forwards are much faster, on a GPU).
 
 Cancellation: when the request's task is cancelled (client gone, deadline passed) its chunks not
-yet sent are never sent, and its chunks still queued are skipped; a chunk already sent is
-cancelled at the inference service too (StreamMux sends a cancel for it), so only a forward pass
-already running finishes.
+yet sent are never sent, and the one in flight is cancelled at the inference service too
+(StreamMux sends a cancel for it): dropped from the device queue, or, if its forward pass is
+already running, that one pass finishes.
 """
 from __future__ import annotations
 
@@ -30,10 +33,8 @@ from laya_grpc.core import metrics
 from laya_grpc.core.packed_rows import PackedRows
 from laya_proto.v1 import inference_pb2
 
-# ~0.1 s of forward on the 2-core CI box with the tiny checkpoints (~25 us a token); a GPU runs
-# such a chunk in milliseconds, and `window` 2 keeps its queue fed between chunks.
-DEFAULT_CHUNK_TOKENS = 4096
-DEFAULT_WINDOW = 2
+# ~50 ms of forward on an idle 2-core CI box with the tiny checkpoints (~25 us a token)
+DEFAULT_CHUNK_TOKENS = 2048
 
 
 @dataclass
@@ -80,10 +81,10 @@ def join_responses(parts: list, rows: PackedRows) -> inference_pb2.InferResponse
 
 class InferCoalescer:
     def __init__(self, call: Callable[[str, PackedRows], Awaitable], max_inflight: int = 2, max_rows: int = 256,
-                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS, window: int = DEFAULT_WINDOW,
+                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                  join: Callable[[list, PackedRows], object] = join_responses):
         self._call, self.max_inflight, self.max_rows = call, max_inflight, max_rows
-        self.chunk_tokens, self.window, self._join = chunk_tokens, max(1, window), join
+        self.chunk_tokens, self._join = chunk_tokens, join
         self._lanes: dict[str, _Lane] = {}
 
     async def submit(self, checkpoint: str, rows: PackedRows):
@@ -92,20 +93,10 @@ class InferCoalescer:
         if len(chunks) == 1:
             return await self._submit(checkpoint, rows)
         metrics.INFER_CHUNKS.observe(len(chunks))
-        running: collections.deque = collections.deque()
         parts = []
-        try:
-            for chunk in chunks:
-                running.append((asyncio.ensure_future(self._submit(checkpoint, chunk)), chunk.n))
-                if len(running) >= self.window:
-                    task, n = running.popleft()
-                    parts.append(await task + (n,))
-            while running:
-                task, n = running.popleft()
-                parts.append(await task + (n,))
-        finally:
-            for task, _ in running:   # cancelled or failed: what is not done yet is not wanted
-                task.cancel()
+        for chunk in chunks:   # a cancellation here: the chunks not sent yet never are
+            metrics.INFER_CALL_REQUESTS.observe(1)
+            parts.append((await self._call(checkpoint, chunk), chunk, 0, chunk.n))
         return self._join(parts, rows), rows, 0
 
     async def _submit(self, checkpoint: str, rows: PackedRows):

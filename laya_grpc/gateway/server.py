@@ -14,6 +14,7 @@ import time
 
 from laya_grpc.core import flags, metrics, rpc
 from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.restart_counts import seed_backend_restarts
 from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_logging
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import parse_checkpoint_specs
@@ -118,6 +119,7 @@ async def serve(args: argparse.Namespace) -> int:
     table = RouteTable.build(sources, settings.default_model)
     feed = ChangeFeed()
     services = RemoteServices(args.tokenizer, args.inference, feed, internal_calls=args.internal_calls)
+    seed_backend_restarts(services.tokenizers, services.inference)   # counts kept by the supervisor
     decider = Decider(services, table, settings)
 
     admission = Admission(settings.max_concurrent)   # one limit for HTTP and gRPC

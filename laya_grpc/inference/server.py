@@ -159,7 +159,7 @@ async def serve(settings: InferenceSettings) -> int:
     feed.bump()
     await rpc.set_health(hs, [SERVICE_NAME], False)
     await srv.stop(grace=2.0)
-    batcher.stop()
+    batcher.stop(timeout_s=1.5)   # grace 2 s + 1.5 s: inside the supervisor's 5 s before SIGKILL
     return 0
 
 
