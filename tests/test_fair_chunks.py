@@ -65,10 +65,10 @@ def test_small_request_goes_before_the_large_requests_next_chunk():
     async def call(checkpoint, rows):
         calls.append(rows.n)
         await asyncio.sleep(0.02)
-        return fake_response(rows)
+        return fake_response(rows)   # no model_ms: the chunk size stays the first one
 
     async def go():
-        co = InferCoalescer(call, chunk_tokens=10)
+        co = InferCoalescer(call, first_chunk_tokens=10)
         large = asyncio.ensure_future(co.submit("c", rows_of([5] * 40)))   # 20 chunks of 2 rows
         await asyncio.sleep(0.03)   # its second chunk is running
         small = await co.submit("c", rows_of([3]))
@@ -89,7 +89,7 @@ def test_cancelled_large_request_sends_no_further_chunk():
         return fake_response(rows)
 
     async def go():
-        co = InferCoalescer(call, chunk_tokens=10)
+        co = InferCoalescer(call, first_chunk_tokens=10)
         large = asyncio.ensure_future(co.submit("c", rows_of([5] * 40)))
         await asyncio.sleep(0.05)
         large.cancel()
@@ -98,3 +98,21 @@ def test_cancelled_large_request_sends_no_further_chunk():
         return sent, len(calls)
     sent, later = asyncio.run(go())
     assert sent == later and sent < 5, (sent, later)
+
+
+def test_chunk_size_follows_the_measured_device_speed():
+    sizes = []
+
+    async def call(checkpoint, rows):
+        sizes.append(int(rows.lengths.sum()))
+        resp = fake_response(rows)
+        resp.model_ms, resp.batch_rows = 0.5 * float(rows.lengths.sum()), rows.n   # 0.5 ms a token
+        return resp
+
+    async def go():
+        co = InferCoalescer(call, chunk_ms=50.0, first_chunk_tokens=400)
+        resp, merged, _ = await co.submit("c", rows_of([10] * 100))
+        return co, resp, merged
+    co, resp, merged = asyncio.run(go())
+    assert sizes == [400, 250, 250, 100], sizes   # 50 ms / 0.5 ms = 100 tokens -> the 256 floor, in whole rows
+    assert co.chunk_tokens("c") == 256 and merged.n == 100

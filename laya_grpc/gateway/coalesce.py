@@ -6,14 +6,16 @@ flight; rows of requests that arrive meanwhile wait and go together in the next 
 `max_rows`), which also hands the device thread bigger batches. With no load a request goes out
 at once, from its own task: no timer, no added latency.
 
-Fairness: a request whose rows hold more than `chunk_tokens` tokens is cut into chunks of at most
-that many tokens (whole rows), sent one after the other, each as its own Infer call outside the
-shared lanes: it never takes a lane's slot, so the requests that arrive meanwhile go out at once
-and reach the device's queue while one chunk runs. A small request therefore waits for about one
-chunk's forward pass, however large the request before it (a maximal upstream batch, 4,096 rows,
-no longer holds the device for the whole batch). One chunk at a time costs the large request a
-gateway round trip per chunk (~1 ms, ~1% of a chunk on the CI box; raise `chunk_tokens` where
-forwards are much faster, on a GPU).
+Fairness: a request whose rows would take the device longer than `chunk_ms` is cut into chunks
+(whole rows) that each take about that long, sent one after the other, each as its own Infer
+call outside the shared lanes: it never takes a lane's slot, so the requests that arrive
+meanwhile go out at once and reach the device's queue while one chunk runs. A small request
+therefore waits for about one chunk's forward pass, however large the request before it (a
+maximal upstream batch, 4,096 rows, no longer holds the device for the whole batch). A chunk's
+size in tokens follows the device's measured speed (each reply's `model_ms` over the tokens its
+forward ran, averaged per checkpoint): a few thousand tokens on a CPU, and shrinking when the
+host is loaded; tens of thousands on a GPU, where a large batch is then rarely cut at all and the
+gateway round trip per chunk (~1 ms) stays small beside the chunk.
 
 Cancellation: when the request's task is cancelled (client gone, deadline passed) its chunks not
 yet sent are never sent, and the one in flight is cancelled at the inference service too
@@ -33,8 +35,11 @@ from laya_grpc.core import metrics
 from laya_grpc.core.packed_rows import PackedRows
 from laya_proto.v1 import inference_pb2
 
-# ~50 ms of forward on an idle 2-core CI box with the tiny checkpoints (~25 us a token)
-DEFAULT_CHUNK_TOKENS = 2048
+DEFAULT_CHUNK_MS = 50.0
+FIRST_CHUNK_TOKENS = 2048      # before any speed is known: ~50 ms on the 2-core CI box (tiny checkpoints)
+MIN_CHUNK_TOKENS = 256
+MAX_CHUNK_TOKENS = 65536
+_EWMA = 0.3
 
 
 @dataclass
@@ -81,22 +86,50 @@ def join_responses(parts: list, rows: PackedRows) -> inference_pb2.InferResponse
 
 class InferCoalescer:
     def __init__(self, call: Callable[[str, PackedRows], Awaitable], max_inflight: int = 2, max_rows: int = 256,
-                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                 chunk_ms: float = DEFAULT_CHUNK_MS, first_chunk_tokens: int = FIRST_CHUNK_TOKENS,
                  join: Callable[[list, PackedRows], object] = join_responses):
         self._call, self.max_inflight, self.max_rows = call, max_inflight, max_rows
-        self.chunk_tokens, self._join = chunk_tokens, join
+        self.chunk_ms, self.first_chunk_tokens, self._join = chunk_ms, first_chunk_tokens, join
         self._lanes: dict[str, _Lane] = {}
+        self._ms_per_token: dict[str, float] = {}   # checkpoint -> measured forward ms per token
+
+    def chunk_tokens(self, checkpoint: str) -> int:
+        """Tokens one chunk may hold: about `chunk_ms` of forward at the measured speed."""
+        per = self._ms_per_token.get(checkpoint)
+        if per is None:
+            return self.first_chunk_tokens
+        return int(min(MAX_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, self.chunk_ms / per)))
+
+    def _learn(self, checkpoint: str, resp, chunk: PackedRows) -> None:
+        """The forward that ran `chunk` ran `batch_rows` rows in `model_ms`; its tokens are
+        estimated from the chunk's (rows of other requests are assumed as long on average)."""
+        model_ms, batch_rows = getattr(resp, "model_ms", 0.0), getattr(resp, "batch_rows", 0)
+        if model_ms <= 0 or batch_rows <= 0 or chunk.n == 0:
+            return
+        tokens = float(chunk.lengths.sum()) * max(1.0, batch_rows / chunk.n)
+        per = model_ms / tokens
+        old = self._ms_per_token.get(checkpoint)
+        self._ms_per_token[checkpoint] = per if old is None else old + _EWMA * (per - old)
 
     async def submit(self, checkpoint: str, rows: PackedRows):
         """(response, merged rows, index of this request's first row in them)."""
-        chunks = split_rows(rows, self.chunk_tokens)
-        if len(chunks) == 1:
-            return await self._submit(checkpoint, rows)
-        metrics.INFER_CHUNKS.observe(len(chunks))
-        parts = []
-        for chunk in chunks:   # a cancellation here: the chunks not sent yet never are
+        if rows.n <= 1 or int(rows.lengths.sum()) <= self.chunk_tokens(checkpoint):
+            resp, merged, start = await self._submit(checkpoint, rows)
+            if merged is rows:
+                self._learn(checkpoint, resp, rows)
+            return resp, merged, start
+        ends = np.cumsum(rows.lengths)   # tokens up to and including each row
+        parts, start = [], 0
+        while start < rows.n:   # a cancellation here: the chunks not sent yet never are
+            before = int(ends[start - 1]) if start else 0
+            end = max(start + 1, int(np.searchsorted(ends, before + self.chunk_tokens(checkpoint), side="right")))
+            chunk = rows.take(range(start, end))
             metrics.INFER_CALL_REQUESTS.observe(1)
-            parts.append((await self._call(checkpoint, chunk), chunk, 0, chunk.n))
+            resp = await self._call(checkpoint, chunk)
+            self._learn(checkpoint, resp, chunk)
+            parts.append((resp, chunk, 0, chunk.n))
+            start = end
+        metrics.INFER_CHUNKS.observe(len(parts))
         return self._join(parts, rows), rows, 0
 
     async def _submit(self, checkpoint: str, rows: PackedRows):
