@@ -5,8 +5,10 @@ the figures each target is judged by:
   tests/hostile_clients.py plus undecodable bytes on every public RPC; counts of 5xx, INTERNAL
   and UNKNOWN, and whether a valid request is still answered right afterwards;
 - memory: RSS of each process before and after the fuzzing and after large (2 MiB) bodies;
-- head of line: a small request's latency while the largest batch upstream's limits admit
-  (64 states x 64 questions = 4,096 rows) runs, over HTTP and gRPC;
+- head of line: a small request's latency while the largest batch upstream's limits admit in
+  shape (64 states x 64 questions = 4,096 rows) runs, over HTTP and gRPC; and while the costliest
+  one runs (`hol_max`: those 4,096 rows at up to 8,192 tokens each, a 2 MiB body), for 20 s before
+  its client goes away, with its whole cost extrapolated from one state;
 - cancellation: two such batches abandoned after 1 s (HTTP client closes; gRPC 1 s deadline),
   then a small request at once: its latency minus the idle one is how long the device still
   worked for the abandoned requests (an upper bound of "abandoned work stops within");
@@ -142,6 +144,42 @@ def head_of_line(stack, client, stub) -> dict:
     return out
 
 
+def maximal_batch(n_questions: int = 64, n_states: int = 64) -> dict:
+    """The costliest batch upstream's limits admit: 64 states filling the 2 MiB body (~32,000
+    characters, ~8,000 tokens each), 64 questions, max_len at the 8,192-token budget: 4,096 rows
+    of up to 8,192 tokens."""
+    body = large_batch(n_states, n_questions)
+    word = "delivery "
+    body["states"] = [("%d " % i) + word * (31_000 // len(word)) for i in range(n_states)]
+    body["max_len"] = 8192
+    return body
+
+
+def head_of_line_maximal(stack, client, stub, run_s: float = 20.0) -> dict:
+    """The maximal batch for `run_s` seconds (it would take far longer: see `cost`), small requests
+    meanwhile, then the client goes away: the small request after that shows it stopped."""
+    t0 = time.perf_counter()
+    r = client.post(stack.http + "/v1/systemone/batch", json=maximal_batch(8, 1), headers=AUTH)
+    one_state_8q_s = time.perf_counter() - t0
+    body = json.dumps(maximal_batch()).encode()
+    out = {"body_bytes": len(body), "rows": 4096, "one_state_8_questions_s": round(one_state_8q_s, 2),
+           "one_state_8_questions_status": r.status_code,
+           "estimated_full_request_s": round(one_state_8q_s * 64 * 8, 0)}
+    t = threading.Thread(target=_abandon_http, args=(stack, body, run_s))
+    t.start()
+    time.sleep(0.05)
+    during_http, during_grpc = [], []
+    while t.is_alive():
+        during_http.append(small_http(stack, client))
+        during_grpc.append(small_grpc(stub))
+        time.sleep(0.2)
+    t.join()
+    after = small_http(stack, client)
+    out.update(small_during_http_max_s=round(max(during_http), 3), small_during_grpc_max_s=round(max(during_grpc), 3),
+               small_during_samples=len(during_http), small_right_after_abandon_s=round(after, 3))
+    return out
+
+
 def _abandon_http(stack, body: bytes, after_s: float) -> None:
     host, port = stack.http[len("http://"):].split(":")
     s = socket.create_connection((host, int(port)))
@@ -213,9 +251,9 @@ def fuzz_stage(stack, client, args, figures: dict, expected: dict) -> None:
     figures["memory_mb_before"] = before = memory(stack)
     figures["http_fuzz"] = fuzz_http(stack, client, args.http_cases)
     figures["grpc_fuzz"] = fuzz_grpc(stack, args.grpc_cases)
-    big = (b'{"model": "english", "state": "' + b"x " * (1024 * 1024 - 128)
-           + b'", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}')
-    figures["large_bodies"] = [client.post(stack.http + "/v1/systemone", content=big, headers=AUTH).status_code
+    big = maximal_batch(n_questions=1)   # ~2 MiB of text to tokenize, 64 rows of 512 tokens to run
+    del big["max_len"]
+    figures["large_bodies"] = [client.post(stack.http + "/v1/systemone/batch", json=big, headers=AUTH).status_code
                                for _ in range(10)]
     time.sleep(1.0)
     figures["memory_mb_after"] = after = memory(stack)
@@ -234,8 +272,8 @@ def main() -> int:
     ap.add_argument("--grpc-cases", type=int, default=1000)
     ap.add_argument("--checkpoint", default=None, help="default: a fresh tiny checkpoint")
     ap.add_argument("--out", default=None, help="also write the figures here as JSON")
-    ap.add_argument("--stages", default="fuzz,hol,cancel,slow,auth",
-                    help="comma-separated subset of fuzz (with memory), hol, cancel, slow, auth")
+    ap.add_argument("--stages", default="fuzz,hol,hol_max,cancel,slow,auth",
+                    help="comma-separated subset of fuzz (with memory), hol, hol_max, cancel, slow, auth")
     args = ap.parse_args()
     ckpt = args.checkpoint or make_checkpoint(os.path.join(tempfile.mkdtemp(prefix="hostile-bench-"), "tiny"), "tiny")
     env = {"LAYA_API_KEY": KEY, "LAYA_HTTP_HEADER_TIMEOUT": str(HEADER_TIMEOUT_S), "LAYA_MAX_CONCURRENT": "64"}
@@ -252,6 +290,9 @@ def main() -> int:
         if "hol" in stages:
             figures["head_of_line"] = head_of_line(stack, client, stub)
             print(json.dumps(figures["head_of_line"]), flush=True)
+        if "hol_max" in stages:
+            figures["head_of_line_maximal"] = head_of_line_maximal(stack, client, stub)
+            print(json.dumps(figures["head_of_line_maximal"]), flush=True)
         if "cancel" in stages:
             figures["cancellation"] = cancellation(stack, client, stub)
             print(json.dumps(figures["cancellation"]), flush=True)
