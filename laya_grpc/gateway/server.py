@@ -14,18 +14,18 @@ import time
 
 from laya_grpc.core import flags, metrics, rpc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.restart_counts import seed_backend_restarts
 from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_logging
+from laya_grpc.core.restart_counts import seed_backend_restarts
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import parse_checkpoint_specs
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc
 
 from .admission import Admission
 from .decider import Decider
-from .grpc_guards import public_server
-from .http_server import add_flags as add_http_server_flags, build_server
 from .grpc_api import DecisionServicer, StatusServicer
+from .grpc_guards import public_server
 from .http_app import build_app
+from .http_server import add_flags as add_http_server_flags, build_server
 from .remote import RemoteServices
 from .settings import GatewaySettings
 
