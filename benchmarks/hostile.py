@@ -238,9 +238,17 @@ def slow_clients(stack) -> dict:
 
 def auth(stack, client) -> dict:
     ch = grpc.insecure_channel(stack.grpc)
-    answered = [m for m, rs, ss in PUBLIC_METHODS if raw_call(
-        ch, m, rs, ss, (status_pb2.StatusRequest().SerializeToString() if "Status" in m or "Health" in m else b""))
-        not in (grpc.StatusCode.UNAUTHENTICATED,)]
+    stream_call = decision_pb2.DecideCall(id=1, request=decision_pb2.DecideRequest(request_json=json.dumps(SMALL)))
+    answered = []
+    for m, rs, ss in PUBLIC_METHODS:
+        if m.endswith("/DecideStream"):   # answers each call with the 401 as a CallError
+            [reply] = list(decision_pb2_grpc.DecisionServiceStub(ch).DecideStream(iter([stream_call]), timeout=30))
+            if reply.WhichOneof("result") != "error" or reply.error.kind != "UNAUTHENTICATED":
+                answered.append(m)
+            continue
+        payload = status_pb2.StatusRequest().SerializeToString() if "Status" in m or "Health" in m else b""
+        if raw_call(ch, m, rs, ss, payload) != grpc.StatusCode.UNAUTHENTICATED:
+            answered.append(m)
     ch.close()
     health = client.get(stack.http + "/health").json()
     routes = {r: client.post(stack.http + r, json=SMALL).status_code for r in ("/v1/systemone", "/v1/systemone/batch")}
