@@ -33,8 +33,8 @@ DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 # ships); raise it with the dev extra's kubernetes-validate pin.
 KUBERNETES_VERSION = "1.37.0"
 
-# Environment variables the manifests set that the services read once in-flight work lands
-# (log format, tracing, drain on SIGTERM). Remove a name once `laya_grpc/` reads it.
+# Variables the manifests set ahead of the code that reads them (log format, tracing, drain on
+# SIGTERM). Remove a name once `laya_grpc/` reads it; the test then checks it like the others.
 PENDING_ENV = {"LAYA_LOG_FORMAT", "LAYA_OTLP_ENDPOINT", "LAYA_DRAIN_GRACE_S"}
 
 
@@ -235,7 +235,22 @@ def test_every_backend_of_a_set_reads_the_same_checkpoints():
     assert len(set(sets.values())) == 1 and None not in sets.values(), sets
     value = next(iter(sets.values()))
     specs = parse_checkpoint_specs(value.replace(",", " ").split())   # as core.flags splits a list variable
-    assert len(specs) >= 1
+    # every checkpoint of the set stays resident: no request waits for a reload after an eviction
+    assert int(container_env(deployments()["laya-inference"])["LAYA_MAX_LOADED"]) >= len(specs), specs
+
+
+def test_volumes_and_config_refer_to_objects_that_exist():
+    claims, maps = set(by_kind("PersistentVolumeClaim")), set(by_kind("ConfigMap"))
+    for name, dep in deployments().items():
+        pod = dep["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for v in volumes.values():
+            if "persistentVolumeClaim" in v:
+                assert v["persistentVolumeClaim"]["claimName"] in claims, (name, v)
+        for m in the_container(dep).get("volumeMounts", []):
+            assert m["name"] in volumes, (name, m)
+        for src in the_container(dep).get("envFrom", []):
+            assert src["configMapRef"]["name"] in maps, (name, src)
 
 
 # --- the code reads what the manifests set ---------------------------------------------------
