@@ -54,17 +54,16 @@ class Backend:
 
 class RemoteServices:
     def __init__(self, tokenizer_addresses: Sequence[str], inference_address: str, feed: ChangeFeed,
-                 tokenize_timeout_s: float = 30.0, infer_timeout_s: float = 600.0, internal_calls: str = "stream"):
+                 tokenize_timeout_s: float = 30.0, infer_timeout_s: float = 600.0):
         self.feed = feed
         self.tokenizers = [Backend("tokenizer", a, rpc.channel(a)) for a in tokenizer_addresses]
         self.inference = Backend("inference", inference_address, rpc.channel(inference_address))
-        self._tok_calls = [streams.caller(internal_calls, tokenizer_pb2_grpc.TokenizerServiceStub(b.channel),
-                                          "Tokenize", "TokenizeStream", tokenizer_pb2.TokenizeCall, "tokenizer service")
+        self._tok_calls = [streams.StreamMux(tokenizer_pb2_grpc.TokenizerServiceStub(b.channel).TokenizeStream,
+                                             tokenizer_pb2.TokenizeCall, "tokenizer service")
                            for b in self.tokenizers]
         self._rr = itertools.cycle(range(len(self.tokenizers)))
         self._inf = inference_pb2_grpc.InferenceServiceStub(self.inference.channel)
-        self._inf_call = streams.caller(internal_calls, self._inf, "Infer", "InferStream", inference_pb2.InferCall,
-                                        "inference service")
+        self._inf_call = streams.StreamMux(self._inf.InferStream, inference_pb2.InferCall, "inference service")
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._tasks: list[asyncio.Task] = []
         self._coalescer = InferCoalescer(self._infer_call)

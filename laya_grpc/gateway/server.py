@@ -114,7 +114,7 @@ async def serve(args: argparse.Namespace) -> int:
     sources = parse_checkpoint_specs(args.checkpoint)
     table = RouteTable.build(sources, settings.default_model)
     feed = ChangeFeed()
-    services = RemoteServices(args.tokenizer, args.inference, feed, internal_calls=args.internal_calls)
+    services = RemoteServices(args.tokenizer, args.inference, feed)
     decider = Decider(services, table, settings)
 
     grpc_server = rpc.server(reuse_port=args.reuse_port)
@@ -211,10 +211,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="tokenizer service address(es); requests are spread round-robin")
     flags.add(p, "--inference", env="LAYA_INFERENCE_ADDRESS", default="127.0.0.1:50052",
               help="inference service address")
-    flags.add(p, "--internal-calls", env="LAYA_GATEWAY_INTERNAL_CALLS", default="stream", choices=("stream", "unary"),
-              help="how this gateway calls the tokenizer and inference services: 'stream' multiplexes calls on one "
-                   "long-lived gRPC stream per backend (no per-call setup: ~0.25 ms less per call, more calls/s); "
-                   "'unary' makes one gRPC call each (A/B runs)")
     flags.add(p, "--checkpoint", env="LAYA_CHECKPOINTS", append=True, metavar="NAME=SOURCE",
               help="the checkpoints the inference service serves (names route requests; sources show in routing.repo)")
 
