@@ -25,18 +25,12 @@ from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokeniz
 from laya_grpc.core.question_wire import question_to_text
 
 from .coalesce import InferCoalescer
-from .services import CheckpointInfo, InferResult
+from .services import CheckpointInfo, Encoded, InferResult
 
 log = logging.getLogger("laya_grpc.gateway.remote")
 S = status_pb2
 TOKENIZER_SERVICE = tokenizer_pb2.DESCRIPTOR.services_by_name["TokenizerService"].full_name
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
-
-
-@dataclass
-class Encoded:
-    rows: PackedRows      # this state's rows, question order
-    usage: dict
 
 
 @dataclass
