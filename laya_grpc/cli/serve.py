@@ -25,7 +25,7 @@ log = logging.getLogger("laya_grpc.cli.serve")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from laya_grpc.gateway.server import add_gateway_flags
+    from laya_grpc.gateway.options import add_gateway_flags
     from laya_grpc.inference.settings import add_model_flags
     add_model_flags(p)
     add_gateway_flags(p)
