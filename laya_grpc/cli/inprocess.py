@@ -22,6 +22,20 @@ class InProcessServices:
     def __init__(self):
         self._models: dict[str, tuple[Checkpoint, TextEncoder, Any]] = {}
 
+    @classmethod
+    def load(cls, sources: dict, backend: str = "torch", device: str = "cpu",
+             dtype: Optional[str] = None) -> "InProcessServices":
+        """Every `name -> source` checkpoint opened and its runner loaded here (tests, tools)."""
+        from laya_grpc.core.sources import open_source
+        from laya_grpc.inference.devices import pick_device
+        from laya_grpc.inference.runners import load_runner
+        services = cls()
+        dev = pick_device(device, backend, require=True).device
+        for name, source in sources.items():
+            ckpt = open_source(source)
+            services.add(name, ckpt, load_runner(ckpt.path, backend, dev, dtype))
+        return services
+
     def add(self, name: str, checkpoint: Checkpoint, runner: Any) -> TextEncoder:
         encoder = TextEncoder(checkpoint.tokenizer_dir, max_len=checkpoint.max_len,
                               head_max_len=checkpoint.head_max_len, parallel_layout=checkpoint.parallel)
