@@ -107,14 +107,15 @@ def _fmt_event(ev) -> str:
 
 
 def _fmt_line(ev) -> str:
-    """One line for logs: readiness, the reason, then each service and checkpoint state."""
+    """One line for logs: readiness, then each service and checkpoint state (no time, no reason:
+    equal lines mean nothing changed)."""
     S = status_pb2
     parts = []
     for s in ev.services:
         cps = " ".join("%s=%s" % (c.name, S.State.Name(c.state).lower()) for c in s.checkpoints)
         parts.append("%s %s%s%s" % (s.service, S.State.Name(s.state).lower(),
                                     " restarts %d" % s.restarts if s.restarts else "", " [%s]" % cps if cps else ""))
-    return "%s seq %d %s | %s" % ("READY" if ev.ready else "NOT READY", ev.sequence, ev.reason, "; ".join(parts))
+    return "%s seq %d | %s" % ("READY" if ev.ready else "NOT READY", ev.sequence, "; ".join(parts))
 
 
 class _Printer:
