@@ -26,8 +26,9 @@ STAGES = ("engine", "upstream", "upstream-compiled", "service")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--smoke", env="LAYA_BENCH_SMOKE", action="store_true",
               help="tiny checkpoints, CPU, a few iterations per figure: checks the suite end to end (CI)")
-    flags.add(p, "--out", env="LAYA_BENCH_OUT", default=os.path.join(ROOT, "benchmarks", "results"),
-              help="folder for results.jsonl, report.md and the plots")
+    flags.add(p, "--out", env="LAYA_BENCH_OUT", default=os.path.join("benchmarks", "results"),
+              help="folder for results.jsonl, report.md and the plots (default: benchmarks/results under "
+                   "the current directory, never inside the installed package)")
     flags.add(p, "--work-dir", env="LAYA_BENCH_WORK_DIR", default="/tmp/laya-bench",
               help="where the random-weight checkpoints are made (reused when present)")
     flags.add(p, "--preset", env="LAYA_BENCH_PRESET", default=None,

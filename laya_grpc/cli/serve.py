@@ -25,7 +25,7 @@ log = logging.getLogger("laya_grpc.cli.serve")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from laya_grpc.gateway.server import add_gateway_flags
+    from laya_grpc.gateway.options import add_gateway_flags
     from laya_grpc.inference.settings import add_model_flags
     add_model_flags(p)
     add_gateway_flags(p)
@@ -41,8 +41,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
 
 
+def python_argv() -> list:
+    """How serve starts a child `laya-grpc` with a safe sys.path: the current directory is never on
+    it, so a folder holding its own `gateway/`, `clients/` or `benchmarks/` package cannot shadow
+    ours. `-P` on Python >= 3.11; on 3.10 the same by dropping sys.path[0] before the import."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", "laya_grpc.cli"]
+    return [sys.executable, "-c", "import sys; del sys.path[0]; from laya_grpc.cli.main import main; "
+                                  "sys.exit(main())"]
+
+
 def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
-    me = [sys.executable, "-m", "laya_grpc.cli"]
+    me = python_argv()
     ck = []
     for name, source in parse_checkpoint_specs(args.checkpoint).items():
         ck += ["--checkpoint", "%s=%s" % (name, source)]
@@ -61,7 +71,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     inference = me + ["inference", "--listen", inf, "--backend", args.backend, "--device", args.device,
                       "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
                       "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
-                      "--max-wait-ms", str(args.max_wait_ms), "--keep-warm-s", str(args.keep_warm_s),
+                      "--max-wait-ms", str(args.max_wait_ms),
                       "--cuda-kernels", args.cuda_kernels, "--pack-rows", args.pack_rows] + ck + metrics_at(1)
     for name in args.preload or []:
         inference += ["--preload", name]
