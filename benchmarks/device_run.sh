@@ -25,7 +25,7 @@ case ",$PHASES," in *,profile,*)
 esac
 case ",$PHASES," in *,model,*)
   timeout ${MODEL_TIMEOUT:-300} python3 -m benchmarks.model_speed --ckpt /tmp/lb/large --out $OUT \
-    --iters ${ITERS:-200} --parity-rows ${PARITY_ROWS:-48} --modes ${MODES:-fused,fused-sdpa,reference} ${WARM_SET:+--warm-set} 2>&1 \
+    --iters ${ITERS:-200} --parity-rows ${PARITY_ROWS:-48} --modes ${MODES:-packed,fused,reference} ${WARM_SET:+--warm-set} 2>&1 \
     | grep -v '^{' ;;
 esac
 case ",$PHASES," in *,bench,*)

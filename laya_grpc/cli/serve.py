@@ -61,7 +61,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     inference = me + ["inference", "--listen", inf, "--backend", args.backend, "--device", args.device,
                       "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
                       "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
-                      "--max-wait-ms", str(args.max_wait_ms), "--keep-warm-s", str(args.keep_warm_s),
+                      "--max-wait-ms", str(args.max_wait_ms),
                       "--cuda-kernels", args.cuda_kernels, "--pack-rows", args.pack_rows] + ck + metrics_at(1)
     for name in args.preload or []:
         inference += ["--preload", name]

@@ -137,14 +137,6 @@ class LayaTorch(nn.Module):
         # "reference" follows transformers op for op (CPU fp32: bit-exact to upstream); "fused"
         # is `encode_fused`, the CUDA path (use_fused_kernels)
         self.kernels = "reference"
-        self.attn_backends: list | None = None   # SDPA backends for encode_fused; None = torch's choice
-        # encode_fused's attention in the sequential layout: "triton" (cuda_attention.py, one launch a
-        # layer) or "sdpa" (rope_qk + SDPA with a bias, the earlier path, kept for A/B measurement);
-        # the parallel layout always takes "sdpa"
-        self.attn_impl = "triton"
-        # encode_fused's residual adds and norms: "triton" (cuda_kernels.add_layer_norm, add + norm in
-        # one launch) or "addmm" (residual inside the Wo GEMMs, nn.LayerNorm; the earlier path, for A/B)
-        self.add_norm = "triton"
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -220,19 +212,9 @@ class LayaTorch(nn.Module):
 
     # -- forward -----------------------------------------------------------------------------
 
-    def use_fused_kernels(self, attn_backends: list | None = None, attn_impl: str = "triton",
-                          add_norm: str = "triton") -> None:
-        """Run `encode_fused` from now on (Triton kernels: cuda_kernels.py, cuda_attention.py).
-
-        attn_impl "sdpa" keeps the earlier rope_qk + SDPA attention in the sequential layout too (A/B
-        measurement); attn_backends only steer SDPA, so they apply where SDPA runs. add_norm "addmm"
-        keeps the earlier residual-in-the-GEMM adds and nn.LayerNorm (A/B measurement)."""
-        if attn_impl not in ("triton", "sdpa"):
-            raise LayaError(Kind.INVALID, "attn_impl must be one of triton, sdpa; got %r" % (attn_impl,))
-        if add_norm not in ("triton", "addmm"):
-            raise LayaError(Kind.INVALID, "add_norm must be one of triton, addmm; got %r" % (add_norm,))
-        self.kernels, self.attn_backends, self.attn_impl = "fused", attn_backends, attn_impl
-        self.add_norm = add_norm
+    def use_fused_kernels(self) -> None:
+        """Run `encode_fused` from now on (Triton kernels: cuda_kernels.py, cuda_attention.py)."""
+        self.kernels = "fused"
 
     def encode(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
         """ModernBertModel(...).last_hidden_state."""
@@ -269,32 +251,22 @@ class LayaTorch(nn.Module):
     def encode_fused(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
         """`encode` in about a third of the kernels, for CUDA graphs (same function, float rounding apart).
 
-        Per layer (add_norm "triton"): Wqkv, attention, Wo, one add + LayerNorm kernel (the residual
-        updated in place, the MLP's normed input out), Wi, one GELU-gate kernel, Wo, add + the next
-        layer's norm (the final norm after the last layer). Why: each residual add and the norm after
-        it read and write the same row, so one launch does both, and a plain GEMM avoids the copy of
-        the residual into the output that cuBLAS makes for addmm; the GEMM output is rounded before
-        the add, as `encode` rounds it. add_norm "addmm" (the earlier path, for A/B): norm, Wqkv,
-        attention, Wo with the residual added in the GEMM (beta=1, rounding once), norm, Wi, GELU
-        gate, Wo + residual, final norm. Attention, sequential layout (attn_impl "triton"): one
-        kernel reading q/k/v from the Wqkv output, RoPE on load, masks from per-row lengths, output
-        token-major for Wo (cuda_attention.py; rows must be prefix-contiguous, as the padded batches
-        are). Parallel layout, or attn_impl "sdpa" (the earlier path, for A/B): one RoPE kernel for q
-        and k, SDPA with a bias built once per forward, a layout copy. Same function as `encode` up
-        to float rounding; the tolerance is the contract there (docs/performance.md), CPU fp32
-        serving keeps `encode`.
+        Per layer: Wqkv, attention, Wo, one add + LayerNorm kernel (the residual updated in place, the
+        MLP's normed input out), Wi, one GELU-gate kernel, Wo, add + the next layer's norm (the final
+        norm after the last layer). Why: each residual add and the norm after it read and write the
+        same row, so one launch does both. Attention, sequential layout: one kernel reading q/k/v from
+        the Wqkv output, RoPE on load, masks from per-row lengths, output token-major for Wo
+        (cuda_attention.py; rows must be prefix-contiguous, as the padded batches are). Parallel
+        layout: one RoPE kernel for q and k, SDPA with a bias built once per forward, a layout copy.
+        Same function as `encode` up to float rounding; the tolerance is the contract there
+        (docs/performance.md), CPU fp32 serving keeps `encode`.
         """
-        from torch.nn.attention import sdpa_kernel
         from . import cuda_kernels as ck
-        spec, enc = self.spec, self.encoder
+        spec = self.spec
         B, L = input_ids.shape
         N, d, H, hd = B * L, spec.hidden_size, spec.heads, spec.head_dim
-        dtype = enc.embeddings.tok_embeddings.weight.dtype
-        if self.attn_impl not in ("triton", "sdpa"):
-            raise LayaError(Kind.INVALID, "attn_impl must be one of triton, sdpa; got %r" % (self.attn_impl,))
-        if self.add_norm not in ("triton", "addmm"):
-            raise LayaError(Kind.INVALID, "add_norm must be one of triton, addmm; got %r" % (self.add_norm,))
-        one_kernel = position_ids is None and self.attn_impl == "triton"
+        dtype = self.encoder.embeddings.tok_embeddings.weight.dtype
+        one_kernel = position_ids is None
         if one_kernel:
             from . import cuda_attention as ca
             lengths = ca.lengths_of(attention_mask)                              # [B] int32, on the device
@@ -315,8 +287,7 @@ class LayaTorch(nn.Module):
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[kind], scale=scale)
             return a.transpose(1, 2).reshape(N, d)
 
-        with sdpa_kernel(self.attn_backends) if self.attn_backends and not one_kernel else contextlib.nullcontext():
-            return self._fused_stack(input_ids.reshape(N), attend).view(B, L, d)
+        return self._fused_stack(input_ids.reshape(N), attend).view(B, L, d)
 
     def _fused_stack(self, ids, attend) -> torch.Tensor:
         """The encoder's layers over a flat token stream ids [N] -> final hidden states [N, d]: every
@@ -324,28 +295,20 @@ class LayaTorch(nn.Module):
         packed forwards supply (encode_fused, forward_packed)."""
         from . import cuda_kernels as ck
         enc = self.encoder
-        fused_norm = self.add_norm == "triton"
-        emb = enc.embeddings.tok_embeddings(ids)
         norm = enc.embeddings.norm
-        x = ck.layer_norm(emb, norm.weight, norm.eps) if fused_norm else norm(emb)
+        x = ck.layer_norm(enc.embeddings.tok_embeddings(ids), norm.weight, norm.eps)
         y = x            # Wqkv's input; layer 0 has no attn_norm (the embedding norm already ran)
         for i, (layer, kind) in enumerate(zip(enc.layers, self.spec.layer_types)):
-            if not fused_norm:
-                y = x if layer.attn_norm is None else layer.attn_norm(x)
             a = attend(layer.attn.Wqkv(y), kind)                             # [N, d]
-            if fused_norm:
-                # x += a Wo^T in place, y = mlp_norm(x); then x += MLP(y), y = the next norm of x
-                x, y = ck.add_layer_norm(x, layer.attn.Wo(a), layer.mlp_norm.weight, layer.mlp_norm.eps)
-                o = layer.mlp.Wo(ck.gelu_gate(layer.mlp.Wi(y)))
-                nxt = enc.layers[i + 1].attn_norm if i + 1 < len(enc.layers) else enc.final_norm
-                if nxt is None:                               # an identity norm (ModernBERT: layer 0's only)
-                    x = y = x.add_(o)
-                else:
-                    x, y = ck.add_layer_norm(x, o, nxt.weight, nxt.eps)
+            # x += a Wo^T in place, y = mlp_norm(x); then x += MLP(y), y = the next norm of x
+            x, y = ck.add_layer_norm(x, layer.attn.Wo(a), layer.mlp_norm.weight, layer.mlp_norm.eps)
+            o = layer.mlp.Wo(ck.gelu_gate(layer.mlp.Wi(y)))
+            nxt = enc.layers[i + 1].attn_norm if i + 1 < len(enc.layers) else enc.final_norm
+            if nxt is None:                               # an identity norm (ModernBERT: layer 0's only)
+                x = y = x.add_(o)
             else:
-                x = torch.addmm(x, a, layer.attn.Wo.weight.t())
-                x = torch.addmm(x, ck.gelu_gate(layer.mlp.Wi(layer.mlp_norm(x))), layer.mlp.Wo.weight.t())
-        return y if fused_norm else enc.final_norm(x)
+                x, y = ck.add_layer_norm(x, o, nxt.weight, nxt.eps)
+        return y
 
     def forward_packed(self, ids, tok_qtype, starts, lengths, blk_seg, blk_m0, marker_pos, marker_mask,
                        max_len: int):
