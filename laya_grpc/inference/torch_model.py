@@ -137,6 +137,8 @@ class LayaTorch(nn.Module):
         # "reference" follows transformers op for op (CPU fp32: bit-exact to upstream); "fused"
         # is `encode_fused`, the CUDA path (use_fused_kernels)
         self.kernels = "reference"
+        self.precision = None       # a precision.Precision once the fused kernels run
+        self._split: dict = {}      # id(nn.Linear or head attention) -> split_gemm.SplitLinear
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -147,14 +149,16 @@ class LayaTorch(nn.Module):
 
         `dtype=None` reproduces upstream's CPU load: encoder in the dtype its config declares
         (float32 unless `encoder/config.json` says otherwise), head and scorers in float32.
-        An explicit dtype puts every parameter in it (the accelerator policy, devices.py).
+        An explicit dtype puts the encoder in it (the accelerator policy, devices.py); the decision
+        head, the scorer and the act head stay float32 (small, and where 16 bits cost the most
+        accuracy: precision.py).
         """
         ckpt_dir = os.fspath(getattr(ckpt, "path", ckpt))
         spec = read_net_spec(ckpt_dir)
         with torch.device("meta"), _no_param_init():
             model = cls(spec)
         enc_dtype = TORCH_DTYPES[spec.encoder_dtype] if dtype is None else dtype
-        rest_dtype = torch.float32 if dtype is None else dtype
+        rest_dtype = torch.float32
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         dtypes = {k: enc_dtype if k.startswith("encoder.") else rest_dtype for k in expected}
         dtypes["temperature"] = torch.float32
@@ -212,9 +216,36 @@ class LayaTorch(nn.Module):
 
     # -- forward -----------------------------------------------------------------------------
 
-    def use_fused_kernels(self) -> None:
-        """Run `encode_fused` from now on (Triton kernels: cuda_kernels.py, cuda_attention.py)."""
-        self.kernels = "fused"
+    def use_fused_kernels(self, precision=None) -> None:
+        """Run `encode_fused` from now on (Triton kernels: cuda_kernels.py, cuda_attention.py), keeping
+        float32 where `precision` says (default: precision.Precision.for_weights, what serving runs)."""
+        from .precision import Precision
+        from .split_gemm import SplitLinear
+        weight = self.encoder.embeddings.tok_embeddings.weight
+        p = precision or Precision.for_weights(weight.dtype, weight.device.type)
+        split = {}
+        if p.split_head and self.head is not None:
+            for layer in self.head.layers:
+                sa = layer.self_attn
+                split[id(sa)] = SplitLinear(sa.in_proj_weight, sa.in_proj_bias)
+                for lin in (sa.out_proj, layer.linear1, layer.linear2):
+                    split[id(lin)] = SplitLinear(lin.weight, lin.bias)
+        if p.split_encoder:
+            for layer in self.encoder.layers:
+                for lin in (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo):
+                    split[id(lin)] = SplitLinear(lin.weight)
+        self.kernels, self.precision, self._split = "fused", p, split
+
+    def _gemm(self, lin, x, out_dtype=None):
+        """lin(x) on the fused path: float32-accurate where split (precision.py), else in the weights'
+        dtype, with a float32 result when `out_dtype` asks for it (no rounding before the residual add)."""
+        sp = self._split.get(id(lin))
+        if sp is not None:
+            return sp(x)
+        if out_dtype is not None and out_dtype != x.dtype:
+            from .split_gemm import mm_fp32_out
+            return mm_fp32_out(x, lin.weight)
+        return lin(x)
 
     def encode(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
         """ModernBertModel(...).last_hidden_state."""
@@ -290,24 +321,31 @@ class LayaTorch(nn.Module):
         return self._fused_stack(input_ids.reshape(N), attend).view(B, L, d)
 
     def _fused_stack(self, ids, attend) -> torch.Tensor:
-        """The encoder's layers over a flat token stream ids [N] -> final hidden states [N, d]: every
-        step is per token except `attend(qkv [N, 3d], layer kind) -> [N, d]`, which the padded and the
-        packed forwards supply (encode_fused, forward_packed)."""
+        """The encoder's layers over a flat token stream ids [N] -> final hidden states [N, d] (in the
+        residual's dtype: float32 on the served path): every step is per token except
+        `attend(qkv [N, 3d], layer kind) -> [N, d]`, which the padded and the packed forwards supply
+        (encode_fused, forward_packed). The residual stream x is `precision.residual` (float32); the
+        GEMMs read y, its normed copy in the weights' dtype."""
         from . import cuda_kernels as ck
-        enc = self.encoder
+        enc, p = self.encoder, self.precision
+        cdt = enc.embeddings.tok_embeddings.weight.dtype
         norm = enc.embeddings.norm
-        x = ck.layer_norm(enc.embeddings.tok_embeddings(ids), norm.weight, norm.eps)
-        y = x            # Wqkv's input; layer 0 has no attn_norm (the embedding norm already ran)
+        x = ck.layer_norm(enc.embeddings.tok_embeddings(ids), norm.weight, norm.eps, out_dtype=p.residual)
+        y = x if x.dtype == cdt else x.to(cdt)   # Wqkv's input; layer 0 has no attn_norm (the embedding norm ran)
+        last = len(enc.layers) - 1
         for i, (layer, kind) in enumerate(zip(enc.layers, self.spec.layer_types)):
-            a = attend(layer.attn.Wqkv(y), kind)                             # [N, d]
+            a = attend(self._gemm(layer.attn.Wqkv, y), kind)                 # [N, d]
             # x += a Wo^T in place, y = mlp_norm(x); then x += MLP(y), y = the next norm of x
-            x, y = ck.add_layer_norm(x, layer.attn.Wo(a), layer.mlp_norm.weight, layer.mlp_norm.eps)
-            o = layer.mlp.Wo(ck.gelu_gate(layer.mlp.Wi(y)))
-            nxt = enc.layers[i + 1].attn_norm if i + 1 < len(enc.layers) else enc.final_norm
+            x, y = ck.add_layer_norm(x, self._gemm(layer.attn.Wo, a, p.residual_gemm_out), layer.mlp_norm.weight,
+                                     layer.mlp_norm.eps, out_dtype=cdt)
+            o = self._gemm(layer.mlp.Wo, ck.gelu_gate(self._gemm(layer.mlp.Wi, y)), p.residual_gemm_out)
+            nxt = enc.layers[i + 1].attn_norm if i < last else enc.final_norm
             if nxt is None:                               # an identity norm (ModernBERT: layer 0's only)
-                x = y = x.add_(o)
+                x = x.add_(o)
+                y = x if x.dtype == cdt else x.to(cdt)
             else:
-                x, y = ck.add_layer_norm(x, o, nxt.weight, nxt.eps)
+                # the final norm's output is the head's input: in the residual's dtype
+                x, y = ck.add_layer_norm(x, o, nxt.weight, nxt.eps, out_dtype=p.residual if i == last else cdt)
         return y
 
     def forward_packed(self, ids, tok_qtype, starts, lengths, blk_seg, blk_m0, marker_pos, marker_mask,
@@ -340,11 +378,13 @@ class LayaTorch(nn.Module):
             d = h.shape[-1]
             for layer in self.head.layers:
                 sa = layer.self_attn
-                qkv = F.linear(layer.norm1(h), sa.in_proj_weight, sa.in_proj_bias)
+                sp = self._split.get(id(sa))
+                y = layer.norm1(h)
+                qkv = sp(y) if sp is not None else F.linear(y, sa.in_proj_weight, sa.in_proj_bias)
                 a = ca.attention_packed(qkv, None, None, starts, lengths, blk_seg, blk_m0, nh, 0, False,
                                         (d // nh) ** -0.5, rope=False)
-                h = h + sa.out_proj(a)
-                h = h + layer.linear2(F.relu(layer.linear1(layer.norm2(h))))
+                h = h + self._gemm(sa.out_proj, a)
+                h = h + self._gemm(layer.linear2, F.relu(self._gemm(layer.linear1, layer.norm2(h))))
         S = marker_pos.shape[0]
         logits = self.scorer(h[marker_pos.long()]).squeeze(-1).float()
         logits = logits.masked_fill(~marker_mask.bool(), -1e4)

@@ -37,6 +37,9 @@ class TorchRunner:
         self.model = LayaTorch.from_checkpoint(ckpt_dir, device=device, dtype=tdtype).eval()
         if self.kernels == "fused":
             self.model.use_fused_kernels()
+        if torch.device(device).type == "cuda":
+            from .precision import Precision, apply_cublas_policy
+            apply_cublas_policy(self.model.precision or Precision.for_weights(tdtype, "cuda"))
         spec = self.model.spec
         self.vocab_size = spec.vocab_size
         self.n_act = spec.n_act
