@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     p.add_argument("--ckpt", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--iters", type=int, default=200)
-    p.add_argument("--parity-batches", type=int, default=6)
+    p.add_argument("--parity-batches", type=int, default=4)
     p.add_argument("--only", default="", help="comma list of variant names (default: all)")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
