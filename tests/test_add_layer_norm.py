@@ -107,8 +107,7 @@ def test_add_layer_norm_rejects_bad_shapes():
     x, o, w = _inputs(4, 96, torch.float32, seed=0)
     with pytest.raises(ValueError):
         ck.add_layer_norm(x, o[:, :64].contiguous(), w, EPS)
-    with pytest.raises(ValueError):
-        ck.add_layer_norm(x, o.half(), w, EPS)
+    # o of another dtype than x is allowed: a float32 residual takes 16-bit GEMM outputs (test_precision.py)
     with pytest.raises(ValueError):
         ck.add_layer_norm(x.t(), o.t(), w, EPS)                   # not contiguous
     with pytest.raises(ValueError):
