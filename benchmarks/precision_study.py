@@ -6,7 +6,8 @@ the CPU float32 network (bit-equal to upstream laya's CPU forward, tests/test_to
 over mixed rows of 24..512 tokens; the same rows alone and beside others (the answer must not
 depend on its batch); and graph-replay and host ms for one short row, three short rows and one
 512-token row. Variants, fp16 weights: `before` (everything 16-bit, cuBLAS fp16 split-K reductions
-allowed: what was served), each change alone on top of `before`, and the product. Float32 weights:
+allowed: what was served), each change alone on top of `before` (`+head fp32`: the head's layers
+through split GEMMs, scorer and act head float32), and the product. Float32 weights:
 `before` (plain fp32 cuBLAS, no TF32, "ieee" attention dots), TF32 GEMMs (for comparison, not
 served), and the product (split fp16 GEMMs, 3xTF32 attention).
 
@@ -31,13 +32,14 @@ def variants(torch):
     from laya_grpc.inference.precision import Precision
     f16, f32 = torch.float16, torch.float32
     before = Precision.sixteen_bit(f16)
+    s16 = {"scorer16": True}
     return [
-        ("fp16 before", f16, before, {}),
-        ("fp16 +residual fp32", f16, Precision(f32, f16, False, False, True), {}),
-        ("fp16 +Wo out fp32", f16, Precision(f16, f32, False, False, True), {}),
+        ("fp16 before", f16, before, s16),
+        ("fp16 +residual fp32", f16, Precision(f32, f16, False, False, True), s16),
+        ("fp16 +Wo out fp32", f16, Precision(f16, f32, False, False, True), s16),
         ("fp16 +head fp32", f16, Precision(f16, f16, True, False, True), {}),
-        ("fp16 +fp32 split-K", f16, Precision(f16, f16, False, False, False), {}),
-        ("fp16 residual+Wo", f16, Precision(f32, f32, False, False, True), {}),
+        ("fp16 +fp32 split-K", f16, Precision(f16, f16, False, False, False), s16),
+        ("fp16 residual+Wo", f16, Precision(f32, f32, False, False, True), s16),
         ("fp16 product", f16, Precision.for_weights(f16, "cuda"), {}),
         ("fp32 before", f32, Precision(f32, f32, False, False), {"dot": "ieee"}),
         ("fp32 tf32", f32, Precision(f32, f32, False, False), {"dot": "tf32", "tf32": True}),
@@ -46,11 +48,14 @@ def variants(torch):
     ]
 
 
-def head_dtype(model, dtype) -> None:
-    """The decision head, scorer and act head in `dtype` (the 16-bit `before` ran them in fp16)."""
-    for m in (model.head, model.type_emb, model.scorer, model.act_head):
+def head_dtype(model, head, scorer) -> None:
+    """The decision head (and type embedding) in `head`, the scorer and act head in `scorer` (the
+    16-bit `before` ran all of them in fp16; float32 split GEMMs need a float32 head)."""
+    for m in (model.head, model.type_emb):
         if m is not None:
-            m.to(dtype)
+            m.to(head)
+    for m in (model.scorer, model.act_head):
+        m.to(scorer)
 
 
 def main(argv=None) -> int:
@@ -107,7 +112,8 @@ def main(argv=None) -> int:
             if dtype not in models:
                 models[dtype] = LayaTorch.from_checkpoint(a.ckpt, "cuda", dtype)
             model = models[dtype]
-            head_dtype(model, dtype if (dtype == torch.float16 and not prec.split_head) else torch.float32)
+            f32 = torch.float32
+            head_dtype(model, f32 if prec.split_head else dtype, dtype if opt.get("scorer16") else f32)
             model.use_fused_kernels(prec)
             apply_cublas_policy(prec)
             torch.backends.cuda.matmul.allow_tf32 = bool(opt.get("tf32"))

@@ -112,14 +112,15 @@ def _packed(model, rows):
 
 
 def _to_half_head(model):
-    for m in (model.head, model.type_emb, model.scorer, model.act_head):
+    for m in (model.scorer, model.act_head):
         m.half()
 
 
 def test_served_precision_tracks_cpu_float32(tiny_ckpt):
-    """fp16 weights, the packed forward: the served precision (float32 residual, Wo outputs, head)
-    against everything in 16 bits as served before, both against CPU float32 (measured on these rows:
-    max |dlogit| 0.0033 against 0.0112). Asserted: at most half the 16-bit error. Float32 weights with
+    """fp16 weights, the packed forward: the served precision (float32 residual, Wo outputs, scorer,
+    act head) against everything in 16 bits as served before, both against CPU float32 (measured on
+    these rows: max |dlogit| 0.0054 against 0.0112). Asserted: at most 0.6 of the 16-bit error (the check fails
+    with the 16-bit precision, ratio 1). Float32 weights with
     every GEMM split (the CUDA `--dtype float32` path): within 1e-4 of CPU float32 (measured 6e-6)."""
     ref = LayaTorch.from_checkpoint(tiny_ckpt)
     rows = synthetic_rows(3, 60, 4, ref.spec.vocab_size, seed=1)
@@ -127,10 +128,10 @@ def test_served_precision_tracks_cpu_float32(tiny_ckpt):
         ref.use_fused_kernels()
         lr, ar = _packed(ref, rows)
         served = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float16)
-        assert served.head.layers[0].linear1.weight.dtype == torch.float32     # the head loads in float32
+        assert served.scorer[1].weight.dtype == served.act_head[0].weight.dtype == torch.float32
         served.use_fused_kernels()
         assert served.precision == Precision.for_weights(torch.float16, "cpu")
-        assert served.precision.residual == torch.float32 and served.precision.split_head
+        assert served.precision.residual == served.precision.residual_gemm_out == torch.float32
         ls, as_ = _packed(served, rows)
         before = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float16)
         _to_half_head(before)
@@ -141,5 +142,5 @@ def test_served_precision_tracks_cpu_float32(tiny_ckpt):
         le, ae = _packed(exact, rows)
     e_served, e_before = float(np.abs(ls - lr).max()), float(np.abs(lb - lr).max())
     assert np.isfinite(ls).all() and np.isfinite(as_).all()
-    assert e_served <= 0.5 * e_before, (e_served, e_before)
+    assert e_served <= 0.6 * e_before, (e_served, e_before)
     assert float(np.abs(le - lr).max()) < 1e-4 and float(np.abs(ae - ar).max()) < 1e-4

@@ -7,11 +7,15 @@ parts that are cheap in float32 and carry the error stay there (docs/precision.m
 - the residual stream and its LayerNorm statistics (16-bit only as the GEMMs' inputs);
 - the outputs of the GEMMs that feed the residual (attention Wo, MLP Wo): fp32 accumulation and a
   float32 result, so nothing is rounded to 16 bits before the add;
-- the decision head's layers (float32-accurate GEMMs, split_gemm.py), the scorer and the act head;
+- the scorer and the act head (a few rows a request: free);
 - attention's softmax statistics (running max and sum) are float32 in cuda_attention.py already.
 
-With float32 weights every encoder GEMM is float32-accurate too (split_gemm.py: fp16 tensor cores,
-~2^-21 relative) and attention's dot products run as 3xTF32: the exact mode (`--dtype float32`).
+Measured on an H200 (benchmarks/results/2026-12-03-59434d2, docs/precision.md): the float32
+residual halves the error and the alone-vs-beside shift for ~1% of latency; float32 decision-head
+layers (split GEMMs) bought nothing measurable for 5-13% of latency, so with 16-bit weights the
+head's two layers stay in the weights' dtype. With float32 weights every GEMM, the head's too, is
+float32-accurate (split_gemm.py: fp16 tensor cores, ~2^-21 relative) and attention's dot products
+run as 3xTF32: the exact mode (`--dtype float32`).
 The product takes `Precision.for_weights`; other instances exist for measuring what each part buys
 (benchmarks/precision_study.py), never as a serving switch.
 """
@@ -33,8 +37,8 @@ class Precision:
     @classmethod
     def for_weights(cls, dtype: torch.dtype, device_type: str) -> "Precision":
         """What serving runs: float32 wherever it is cheap; float32 weights on CUDA split every GEMM."""
-        return cls(residual=torch.float32, residual_gemm_out=torch.float32, split_head=True,
-                   split_encoder=dtype == torch.float32 and device_type == "cuda")
+        exact = dtype == torch.float32 and device_type == "cuda"
+        return cls(residual=torch.float32, residual_gemm_out=torch.float32, split_head=exact, split_encoder=exact)
 
     @classmethod
     def sixteen_bit(cls, dtype: torch.dtype) -> "Precision":

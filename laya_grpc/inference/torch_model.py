@@ -149,18 +149,19 @@ class LayaTorch(nn.Module):
 
         `dtype=None` reproduces upstream's CPU load: encoder in the dtype its config declares
         (float32 unless `encoder/config.json` says otherwise), head and scorers in float32.
-        An explicit dtype puts the encoder in it (the accelerator policy, devices.py); the decision
-        head, the scorer and the act head stay float32 (small, and where 16 bits cost the most
-        accuracy: precision.py).
+        An explicit dtype puts the encoder and the decision head in it (the accelerator policy,
+        devices.py); the scorer and the act head stay float32 (a few rows a request: precision.py).
         """
         ckpt_dir = os.fspath(getattr(ckpt, "path", ckpt))
         spec = read_net_spec(ckpt_dir)
         with torch.device("meta"), _no_param_init():
             model = cls(spec)
         enc_dtype = TORCH_DTYPES[spec.encoder_dtype] if dtype is None else dtype
-        rest_dtype = torch.float32
+        rest_dtype = torch.float32 if dtype is None else dtype
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         dtypes = {k: enc_dtype if k.startswith("encoder.") else rest_dtype for k in expected}
+        # the scorer and the act head read a few rows a request: float32 always (precision.py)
+        dtypes.update({k: torch.float32 for k in expected if k.startswith(("scorer.", "act_head."))})
         dtypes["temperature"] = torch.float32
         tensors = load_weights(os.path.join(ckpt_dir, "model.safetensors"), expected, dtypes, device)
         model.load_state_dict(tensors, strict=True, assign=True)
@@ -386,7 +387,8 @@ class LayaTorch(nn.Module):
                 h = h + self._gemm(sa.out_proj, a)
                 h = h + self._gemm(layer.linear2, F.relu(self._gemm(layer.linear1, layer.norm2(h))))
         S = marker_pos.shape[0]
-        logits = self.scorer(h[marker_pos.long()]).squeeze(-1).float()
+        sdt = self.scorer[1].weight.dtype
+        logits = self.scorer(h[marker_pos.long()].to(sdt)).squeeze(-1).float()
         logits = logits.masked_fill(~marker_mask.bool(), -1e4)
         return logits, self._act(logits, marker_mask, h[starts[:S].long()])
 
@@ -427,7 +429,7 @@ class LayaTorch(nn.Module):
             for layer in self.head.layers:
                 h = self._head_layer(layer, h, pad)
         idx = marker_pos.clamp(min=0)[:, :, None].expand(-1, -1, h.size(-1))
-        logits = self.scorer(torch.gather(h, 1, idx)).squeeze(-1).float()
+        logits = self.scorer(torch.gather(h, 1, idx).to(self.scorer[1].weight.dtype)).squeeze(-1).float()
         logits = logits.masked_fill(~marker_mask.bool(), -1e4)
         return logits, self._act(logits, marker_mask, h[:, 0])
 
