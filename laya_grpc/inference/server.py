@@ -125,7 +125,7 @@ async def serve(settings: InferenceSettings) -> int:
     registry_ref = {}
     batcher = Batcher(lambda name: registry_ref["r"].ready_runner(name), lambda name: registry_ref["r"].slots[name].pad_id,
                       max_batch_tokens=settings.max_batch_tokens, max_batch_rows=settings.max_batch_rows,
-                      max_wait_ms=settings.max_wait_ms, keep_warm_s=settings.keep_warm_s)
+                      max_wait_ms=settings.max_wait_ms)
     registry = Registry(settings.checkpoints, settings.backend, pick, settings.dtype, settings.max_loaded,
                         settings.warmup, batcher.run_on_device, feed.bump,
                         runner_options={"max_rows": settings.max_batch_rows, "max_batch_tokens": settings.max_batch_tokens,
