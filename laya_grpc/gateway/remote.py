@@ -10,6 +10,7 @@ retried on another replica by gRPC. Infer calls of concurrent requests are merge
 """
 from __future__ import annotations
 
+import contextvars
 import json
 from typing import Any, Optional, Sequence
 
@@ -30,6 +31,11 @@ from .health import health_payload
 from .services import CheckpointInfo, Encoded, InferResult
 
 S = status_pb2
+# The rows of the request whose task this is. An Infer call carries that request's deadline only
+# when it sends exactly those rows from that task: a call that merges several requests' rows runs in
+# whichever task launched it (a context copied from another request, possibly one long answered),
+# so it is bounded by infer_timeout_s and each of its requests by its own backend calls.
+_OWN_ROWS: contextvars.ContextVar = contextvars.ContextVar("laya_own_rows", default=None)
 
 
 class UnaryCalls:
@@ -98,7 +104,11 @@ class RemoteServices(BackendWatch):
         st = self._checkpoint_status(checkpoint)
         if st is not None and st.max_row_tokens:   # refuse here: in a shared Infer call it would fail the others
             packed.check_max_len(st.max_row_tokens)   # the rest was validated when the tokenizer's reply came in
-        resp, merged, start = await self._coalescer.submit(checkpoint, packed)
+        token = _OWN_ROWS.set(packed)
+        try:
+            resp, merged, start = await self._coalescer.submit(checkpoint, packed)
+        finally:
+            _OWN_ROWS.reset(token)
         flat = np.frombuffer(resp.logits, dtype="<f4")
         offs = merged.marker_offsets
         n_act = max(1, resp.n_act)
@@ -109,7 +119,8 @@ class RemoteServices(BackendWatch):
     async def _infer_call(self, checkpoint: str, rows: PackedRows):
         req = inference_pb2.InferRequest(checkpoint=checkpoint)
         rows.to_proto(req.rows)
-        return await self._inf_call.call(req, deadline.timeout(self.infer_timeout_s))
+        own = rows is _OWN_ROWS.get()
+        return await self._inf_call.call(req, deadline.timeout(self.infer_timeout_s) if own else self.infer_timeout_s)
 
     async def checkpoint(self, name: str) -> CheckpointInfo:
         st = self._checkpoint_status(name)
