@@ -315,7 +315,7 @@ def test_serve_inference_replicas_survive_a_kill(tiny_ckpt):
 
 
 def child_with(stack: Stack, text: str) -> int:
-    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
     for line in out.splitlines()[1:]:
         pid, ppid, args = line.strip().split(None, 2)
         if int(ppid) == stack.proc.pid and text in args:
