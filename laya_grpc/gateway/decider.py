@@ -34,6 +34,7 @@ class Decider:
         self.route_table = route_table
         self.settings = settings
         self._temperatures: dict[tuple, Temperatures] = {}
+        self.inflight = 0   # answers waiting on the services (a draining gateway waits for them)
 
     # -- public -------------------------------------------------------------------------------
     async def decide(self, req: DecideRequest) -> dict[str, Any]:
@@ -80,9 +81,13 @@ class Decider:
             # Upstream answers without tokenizing or running the network.
             return [empty_result()
                     for _ in states]
-        temperatures = await self._temperatures_of(checkpoint)
-        encoded = await self.services.tokenize(checkpoint, list(states), questions, max_len, head_max_len)
-        out = await self.services.infer(checkpoint, [enc.rows for enc in encoded])
+        self.inflight += 1
+        try:
+            temperatures = await self._temperatures_of(checkpoint)
+            encoded = await self.services.tokenize(checkpoint, list(states), questions, max_len, head_max_len)
+            out = await self.services.infer(checkpoint, [enc.rows for enc in encoded])
+        finally:
+            self.inflight -= 1
         results, r = [], 0
         for enc in encoded:
             answers = {}

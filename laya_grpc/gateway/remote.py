@@ -1,12 +1,16 @@
 """`Services` over gRPC: the calls to the tokenizer and inference services.
 
-Tokenize and Infer go over one multiplexed stream per backend (core/streams.py); Infer calls of
-concurrent requests are merged first (coalesce.py). What the gateway observes of the backends
+Tokenize and Infer go over one multiplexed stream to a backend given as one endpoint
+(core/streams.py): on one host most of a unary call's cost is setting it up. A backend given as
+several replicas (a list or a dns:/// name) gets unary calls on its balanced channel instead
+(balancing.py): a stream is pinned to one replica, a unary call is balanced, health-checked and
+retried on another replica by gRPC. Infer calls of concurrent requests are merged first
+(coalesce.py). Every call asks for at most the time left to its request (deadline.py). What the gateway observes of the backends
 (health, status, readiness) is `BackendWatch` (backends.py); the /health payload is health.py.
 """
 from __future__ import annotations
 
-import itertools
+import contextvars
 import json
 from typing import Any, Optional, Sequence
 
@@ -19,23 +23,52 @@ from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.question_wire import question_to_text
 from laya_proto.v1 import inference_pb2, status_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
+from . import deadline
 from .backends import BackendWatch
 from .coalesce import InferCoalescer
+from .endpoints import BackendTarget
 from .health import health_payload
 from .services import CheckpointInfo, Encoded, InferResult
 
 S = status_pb2
+# The rows of the request whose task this is. An Infer call carries that request's deadline only
+# when it sends exactly those rows from that task: a call that merges several requests' rows runs in
+# whichever task launched it (a context copied from another request, possibly one long answered),
+# so it is bounded by infer_timeout_s and each of its requests by its own backend calls.
+_OWN_ROWS: contextvars.ContextVar = contextvars.ContextVar("laya_own_rows", default=None)
+
+
+class UnaryCalls:
+    """The StreamMux interface over plain unary calls (a balanced channel)."""
+
+    def __init__(self, method, what: str):
+        self._method, self.what = method, what
+
+    async def call(self, request, timeout: Optional[float] = None):
+        try:
+            return await self._method(request, timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            raise rpc.error_from_rpc(e, self.what) from None
+
+    async def close(self) -> None:
+        pass
+
+
+def backend_calls(balanced: bool, stream_method, unary_method, call_cls, what: str):
+    if balanced:
+        return UnaryCalls(unary_method, what)
+    return streams.StreamMux(stream_method, call_cls, what)
 
 
 class RemoteServices(BackendWatch):
-    def __init__(self, tokenizer_addresses: Sequence[str], inference_address: str, feed: ChangeFeed,
+    def __init__(self, tokenizer: BackendTarget, inference: BackendTarget, feed: ChangeFeed,
                  tokenize_timeout_s: float = 30.0, infer_timeout_s: float = 600.0):
-        super().__init__(tokenizer_addresses, inference_address, feed)
-        self._tok_calls = [streams.StreamMux(tokenizer_pb2_grpc.TokenizerServiceStub(b.channel).TokenizeStream,
-                                             tokenizer_pb2.TokenizeCall, "tokenizer service")
-                           for b in self.tokenizers]
-        self._rr = itertools.cycle(range(len(self.tokenizers)))
-        self._inf_call = streams.StreamMux(self._inf.InferStream, inference_pb2.InferCall, "inference service")
+        super().__init__(tokenizer, inference, feed)
+        tok = tokenizer_pb2_grpc.TokenizerServiceStub(self.tokenizer_channel)
+        self._tok_call = backend_calls(tokenizer.balanced, tok.TokenizeStream, tok.Tokenize,
+                                       tokenizer_pb2.TokenizeCall, "tokenizer service")
+        self._inf_call = backend_calls(inference.balanced, self._inf.InferStream, self._inf.Infer,
+                                       inference_pb2.InferCall, "inference service")
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._coalescer = InferCoalescer(self._infer_call)
         self._infos: dict = {}   # name -> (config_json, CheckpointInfo)
@@ -43,10 +76,11 @@ class RemoteServices(BackendWatch):
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
-        for m in self._tok_calls + [self._inf_call]:
+        for m in (self._tok_call, self._inf_call):
             await m.close()
-        for b in self.tokenizers + [self.inference]:
-            await b.channel.close()
+        for ch in {id(c): c for c in [b.channel for b in self.backends]
+                   + [self.tokenizer_channel, self.inference_channel]}.values():
+            await ch.close()
 
     # -- Services -------------------------------------------------------------------------
     async def tokenize(self, checkpoint: str, states: Sequence[Any], questions: Sequence[Any],
@@ -59,7 +93,7 @@ class RemoteServices(BackendWatch):
             req.max_len = max_len
         if head_max_len is not None:
             req.head_max_len = head_max_len
-        resp = await self._tok_calls[next(self._rr)].call(req, self.tokenize_timeout_s)
+        resp = await self._tok_call.call(req, deadline.timeout(self.tokenize_timeout_s))
         rows = PackedRows.from_proto(resp.rows)
         per = resp.rows_per_state
         return [Encoded(rows.take(range(k * per, (k + 1) * per)), json.loads(u))
@@ -70,7 +104,11 @@ class RemoteServices(BackendWatch):
         st = self._checkpoint_status(checkpoint)
         if st is not None and st.max_row_tokens:   # refuse here: in a shared Infer call it would fail the others
             packed.check_max_len(st.max_row_tokens)   # the rest was validated when the tokenizer's reply came in
-        resp, merged, start = await self._coalescer.submit(checkpoint, packed)
+        token = _OWN_ROWS.set(packed)
+        try:
+            resp, merged, start = await self._coalescer.submit(checkpoint, packed)
+        finally:
+            _OWN_ROWS.reset(token)
         flat = np.frombuffer(resp.logits, dtype="<f4")
         offs = merged.marker_offsets
         n_act = max(1, resp.n_act)
@@ -81,14 +119,15 @@ class RemoteServices(BackendWatch):
     async def _infer_call(self, checkpoint: str, rows: PackedRows):
         req = inference_pb2.InferRequest(checkpoint=checkpoint)
         rows.to_proto(req.rows)
-        return await self._inf_call.call(req, self.infer_timeout_s)
+        own = rows is _OWN_ROWS.get()
+        return await self._inf_call.call(req, deadline.timeout(self.infer_timeout_s) if own else self.infer_timeout_s)
 
     async def checkpoint(self, name: str) -> CheckpointInfo:
         st = self._checkpoint_status(name)
         if st is None or st.state != S.READY or not st.config_json:
             try:
                 st = await self._inf.LoadCheckpoint(inference_pb2.LoadCheckpointRequest(checkpoint=name),
-                                                    timeout=self.infer_timeout_s)
+                                                    timeout=deadline.timeout(self.infer_timeout_s))
             except grpc.aio.AioRpcError as e:
                 raise rpc.error_from_rpc(e, "inference service") from None
         cached = self._infos.get(st.name)

@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import flags, metrics, rpc, streams
+from laya_grpc.core import draining, flags, metrics, rpc, streams
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_logging
 from laya_grpc.core.packed_rows import PackedRows
@@ -37,6 +37,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.registry, self.batcher, self.feed, self.settings = registry, batcher, feed, settings
         self.state, self.detail = S.STARTING, "loading checkpoints"
         self.inflight = 0
+        self._calls = {True: metrics.CALLS.labels("inference", "yes"), False: metrics.CALLS.labels("inference", "no")}
         # device and dtype of each live runner, read from its weights once (not on every response;
         # status() still reads them live); weak keys, so an evicted runner is not kept alive
         self._runner_facts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -56,6 +57,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                                   tokens_pb2.CallError, "Infer")
 
     async def infer(self, request) -> inference_pb2.InferResponse:
+        self._calls[self.state == S.READY].inc()
         self.inflight += 1
         try:
             async with self.registry.pinned(request.checkpoint) as slot:
@@ -157,8 +159,8 @@ async def serve(settings: InferenceSettings) -> int:
     loading.cancel()
     servicer.state, servicer.detail = S.DRAINING, "shutting down"
     feed.bump()
-    await rpc.set_health(hs, [SERVICE_NAME], False)
-    await srv.stop(grace=2.0)
+    await draining.drain(srv, hs, [SERVICE_NAME], settings.drain_grace_s,
+                         lambda: servicer.inflight + batcher.depth, "inference")
     batcher.stop()
     return 0
 
@@ -197,6 +199,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--listen", env="LAYA_INFERENCE_LISTEN", default="127.0.0.1:50052",
               help="address to serve on: HOST:PORT or unix:/path.sock")
     metrics.add_flag(p, "LAYA_INFERENCE_METRICS")
+    draining.add_flag(p)
     add_model_flags(p)
 
 

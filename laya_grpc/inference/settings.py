@@ -26,6 +26,7 @@ class InferenceSettings:
     metrics: str | None = None
     cuda_kernels: str = "auto"
     pack_rows: str = "auto"
+    drain_grace_s: float = 20.0    # --drain-grace-s (core/draining.py)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "InferenceSettings":
@@ -34,7 +35,8 @@ class InferenceSettings:
                    device=device, dtype=a.dtype, require_device=require, max_loaded=a.max_loaded,
                    preload=list(a.preload or []), max_batch_tokens=a.max_batch_tokens,
                    max_batch_rows=a.max_batch_rows, max_wait_ms=a.max_wait_ms, warmup=not a.no_warmup,
-                   metrics=getattr(a, "metrics", None), cuda_kernels=a.cuda_kernels, pack_rows=a.pack_rows)
+                   metrics=getattr(a, "metrics", None), cuda_kernels=a.cuda_kernels, pack_rows=a.pack_rows,
+                   drain_grace_s=getattr(a, "drain_grace_s", cls.drain_grace_s))
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
