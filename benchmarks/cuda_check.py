@@ -1,4 +1,4 @@
-"""Correctness of the CUDA path on a real GPU, before anything is timed (the device machine's first step).
+"""Correctness of the CUDA path on a real GPU, before anything is timed (the first step of a GPU run).
 
 1. The Triton kernels (inference_svc/cuda_kernels.py) against the eager torch ops they replace, on
    fresh random fp16 inputs (add_layer_norm also bf16 and fp32), every element compared.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One scripted GPU session (the device machine starts bare, no network): carried wheels (.whl),
+# One scripted GPU run (the GPU machine starts bare, no network): carried wheels (.whl),
 # then the phases named in PHASES (default: check,model,bench). Results go to $OUT.
 #   check  kernels and tiny checkpoints on CUDA against CPU fp32 (benchmarks/cuda_check.py); stops on failure
 #   profile  kernel time per name in one forward; start-up cold/warm Triton cache (benchmarks/gpu_profile.py)

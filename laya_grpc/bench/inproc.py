@@ -20,7 +20,7 @@ import numpy as np
 from .inputs import named_cases, random_cases
 from .stats import paired_ratio, summary_ms
 
-# Declared before anything is measured (the targets); written as the first parity record.
+# Declared before anything is measured; written as the first parity record.
 PARITY_TOL_DP = 1e-2
 PARITY_TIE_MARGIN = 0.04
 
