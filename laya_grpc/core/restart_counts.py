@@ -28,11 +28,15 @@ def parse_restarts(text: Optional[str]) -> dict:
     return out
 
 
-def seed_backend_restarts(tokenizers, inference, env: Optional[Mapping[str, str]] = None) -> dict:
+def seed_backend_restarts(tokenizers, inferences, env: Optional[Mapping[str, str]] = None) -> dict:
     """Start the gateway's per-backend counters (`Backend.downs`) from the supervisor's counts:
-    tokenizer i is the supervisor's `tokenizer-i`, in --tokenizer order. Returns the counts."""
+    tokenizer i is the supervisor's `tokenizer-i`, in --tokenizer order; inference replica k is
+    `inference-k` (one replica: `inference`), in --inference order. Returns the counts."""
     counts = parse_restarts((os.environ if env is None else env).get(RESTARTS_ENV))
     for i, b in enumerate(tokenizers):
         b.downs = max(b.downs, counts.get("tokenizer-%d" % i, 0))
-    inference.downs = max(inference.downs, counts.get("inference", 0))
+    inferences = list(inferences)
+    for k, b in enumerate(inferences):
+        name = "inference" if len(inferences) == 1 else "inference-%d" % k
+        b.downs = max(b.downs, counts.get(name, 0))
     return counts

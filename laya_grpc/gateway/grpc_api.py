@@ -17,6 +17,7 @@ from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
 
+from . import deadline
 from .admission import MAX_BODY_BYTES, TOO_LARGE_DETAIL
 from .contract import parse_batch_body, parse_decide_body
 from .decider import Decider
@@ -202,7 +203,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     @rpc.servicer_errors
     async def Decide(self, request, context):
-        return await self._decide(request, self._denied(context))
+        with deadline.within(context.time_remaining()):   # the client's deadline bounds the backend calls
+            return await self._decide(request, self._denied(context))
 
     async def DecideStream(self, request_iterator, context):
         # checked once per stream; without the token every call fails 401 as a reply (aborting the
@@ -224,7 +226,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     @rpc.servicer_errors
     async def DecideBatch(self, request, context):
-        with metrics.measured("grpc", "batch"):
+        with metrics.measured("grpc", "batch"), deadline.within(context.time_remaining()):
             return await self._decide_batch(request, context)
 
     async def _decide_batch(self, request, context):

@@ -28,6 +28,7 @@ from laya_grpc.core import metrics
 from laya_grpc.core.errors import Kind, LayaError
 
 from .admission import Admission, read_body
+from . import deadline
 from .contract import parse_batch_body, parse_decide_body
 from .decider import Decider
 from .render import render_json
@@ -90,6 +91,14 @@ def error_response(error: LayaError) -> Response:
     return json_response({"detail": detail}, status, headers)
 
 
+def not_ready_reason(services) -> str:
+    """"" when ready, else why not (services without their own reasons give a generic one)."""
+    reason = getattr(services, "not_ready_reason", None)
+    if reason is not None:
+        return reason()
+    return "" if services.health().get("ready") else "not ready"
+
+
 def _route_path(scope) -> str:
     """The path Starlette's router matches (starlette._utils.get_route_path: without root_path)."""
     path, root_path = scope["path"], scope.get("root_path", "")
@@ -124,7 +133,8 @@ async def _serve_direct(endpoint, scope, receive, send) -> None:
         raise
 
 
-def build_app(decider: Decider, settings: GatewaySettings, admission: Admission | None = None):
+def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: float | None = None,
+              admission: Admission | None = None):
     """`admission`: the slots shared with the gRPC front (grpc_guards); its own when not given."""
     admission = admission if admission is not None else Admission(settings.max_concurrent)
     api_key = settings.api_key
@@ -155,7 +165,9 @@ def build_app(decider: Decider, settings: GatewaySettings, admission: Admission 
                 req = parse(raw, decider.route_table, settings.max_token_budget)
                 t0 = time.perf_counter()
                 try:
-                    result = await until_disconnect(run(req), request.receive)
+                    # the task until_disconnect starts copies the context: the deadline goes with it
+                    with deadline.within(request_timeout_s or None):
+                        result = await until_disconnect(run(req), request.receive)
                 except ClientGone:
                     return _client_gone()
                 except LayaError:
@@ -179,6 +191,18 @@ def build_app(decider: Decider, settings: GatewaySettings, admission: Admission 
         payload.update(facts)
         return json_response(payload)
 
+    async def ready(request: Request) -> Response:
+        """Readiness probe: 200 only while requests can be answered, else 503 with the reason
+        (/health answers 200 with "ready": false during an outage, which a probe cannot use)."""
+        reason = not_ready_reason(decider.services)
+        if reason:
+            return json_response({"ready": False, "detail": reason}, 503)
+        return json_response({"ready": True})
+
+    async def live(request: Request) -> Response:
+        """Liveness probe: 200 while this process answers; a backend being down is no reason to restart it."""
+        return json_response(LIVENESS_ONLY)
+
     async def laya_error(request: Request, error: LayaError) -> Response:
         return error_response(error)
 
@@ -192,6 +216,8 @@ def build_app(decider: Decider, settings: GatewaySettings, admission: Admission 
         Route("/v1/systemone", decide_endpoint, methods=["POST"]),
         Route("/v1/systemone/batch", batch_endpoint, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/live", live, methods=["GET"]),
     ]
     for route in routes:
         # Starlette implies HEAD for GET; FastAPI (upstream) does not, so HEAD /health is a 405.

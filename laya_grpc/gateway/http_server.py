@@ -114,6 +114,7 @@ def build_server(app, host: str, port: int, args: argparse.Namespace, root_path:
     # httptools: ~0.1 ms less gateway CPU a request than uvicorn's h11 default (docs/performance.md)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                                            lifespan="off", timeout_keep_alive=args.http_idle_timeout,
-                                           root_path=root_path, http=protocol))
+                                           root_path=root_path, http=protocol,
+                                           timeout_graceful_shutdown=5))
     server.install_signal_handlers = lambda: None  # the gateway owns SIGTERM/SIGINT
     return server
