@@ -15,9 +15,9 @@ import sys
 import tempfile
 import time
 
-from laya_grpc.core import flags
-from laya_grpc.core.errors import LayaError
-from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
+from laya_grpc.core import flags, metrics
+from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_logging
 from laya_grpc.core.sources import parse_checkpoint_specs
 from .supervisor import Child, FatalChildExit, Supervisor
 
@@ -35,8 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="gateway processes sharing the HTTP and gRPC ports (Python work per request is the "
                    "ceiling under many clients; 0 = auto: one per 4 CPUs, 1 to 4)")
     flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
-              help="Prometheus metrics, one endpoint per process: gateway 0 on PORT, inference on PORT+1, "
-                   "tokenizer i on PORT+2+i, gateway j>0 after the tokenizers (off by default)")
+              help="one Prometheus endpoint for every process of this serve (each family exported by the "
+                   "service it describes, summed across gateway and tokenizer workers; off by default)")
+    add_observability_flags(p)
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
               help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
 
@@ -61,18 +62,13 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     n_gw = args.gateway_workers or max(1, min(4, cpus // 4))
     toks = ["unix:" + os.path.join(run_dir, "tokenizer-%d.sock" % i) for i in range(n_tok)]
     inf = "unix:" + os.path.join(run_dir, "inference.sock")
-    def metrics_at(offset: int) -> list:
-        if not args.metrics:
-            return []
-        host, _, port = args.metrics.rpartition(":")
-        return ["--metrics", "%s:%d" % (host or "127.0.0.1", int(port) + offset)]
-    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + metrics_at(2 + i))
+    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck)
                 for i, t in enumerate(toks)]
     inference = me + ["inference", "--listen", inf, "--backend", args.backend, "--device", args.device,
                       "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
                       "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
                       "--max-wait-ms", str(args.max_wait_ms),
-                      "--cuda-kernels", args.cuda_kernels, "--pack-rows", args.pack_rows] + ck + metrics_at(1)
+                      "--cuda-kernels", args.cuda_kernels, "--pack-rows", args.pack_rows] + ck
     for name in args.preload or []:
         inference += ["--preload", name]
     if args.require_device is not None:
@@ -85,9 +81,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
         gw += ["--tokenizer", t]
     if n_gw > 1:
         gw.append("--reuse-port")
-    # metrics: gateway 0 on PORT (its own registry; each worker counts what it served)
-    children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]
-                       + metrics_at(0 if i == 0 else 1 + n_tok + i)) for i in range(n_gw)]
+    children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]) for i in range(n_gw)]
     return children
 
 
@@ -130,6 +124,25 @@ async def announce_ready(grpc_address: str, http: str, started: float, controls:
           % (time.monotonic() - started, http, grpc_address, workers), file=sys.stderr, flush=True)
 
 
+def share_observability(args: argparse.Namespace, run_dir: str) -> None:
+    """Children inherit serve's environment: the log format and trace endpoint go to all of them,
+    and with --metrics each writes its samples under the run dir (prometheus-client's
+    multiprocess mode, set before any child imports it) for serve's one endpoint to export."""
+    os.environ["LAYA_LOG_FORMAT"] = args.log_format
+    if args.otlp_endpoint:
+        os.environ["LAYA_OTLP_ENDPOINT"] = args.otlp_endpoint
+    if args.metrics:
+        directory = os.path.join(run_dir, "metrics")
+        shutil.rmtree(directory, ignore_errors=True)   # samples of an earlier run would add up with ours
+        os.makedirs(directory)
+        os.environ[metrics.MULTIPROC_ENV] = directory
+        try:
+            where = metrics.serve_aggregated(args.metrics, directory)
+        except OSError as e:
+            raise LayaError(Kind.INVALID, "cannot serve --metrics on %s: %s" % (args.metrics, e)) from None
+        log.info("metrics of every process on http://%s/metrics", where)
+
+
 async def serve(args: argparse.Namespace) -> int:
     started = time.monotonic()
     own_dir = args.run_dir is None
@@ -137,9 +150,10 @@ async def serve(args: argparse.Namespace) -> int:
     os.makedirs(run_dir, exist_ok=True)
     try:
         children = child_argvs(args, run_dir)
+        share_observability(args, run_dir)
         stop = asyncio.Event()
         install_stop_signals(stop)
-        async with Supervisor(children) as sup:
+        async with Supervisor(children, on_exit=metrics.process_gone) as sup:
             ready = asyncio.ensure_future(announce_ready(args.grpc, args.http, started, gateway_controls(children)))
             stopper = asyncio.ensure_future(stop.wait())
             done, _ = await asyncio.wait([stopper, sup.fatal], return_when=asyncio.FIRST_COMPLETED)
@@ -156,10 +170,14 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("serve")
+    setup_logging("serve", fmt=args.log_format)
     try:
         parse_checkpoint_specs(args.checkpoint)
     except LayaError as e:
         print("laya-grpc serve: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(args))
+    try:
+        return asyncio.run(serve(args))
+    except LayaError as e:
+        print("laya-grpc serve: %s" % e.detail, file=sys.stderr)
+        return 2

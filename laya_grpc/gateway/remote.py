@@ -13,13 +13,14 @@ from typing import Any, Optional, Sequence
 import grpc
 import numpy as np
 
-from laya_grpc.core import rpc, streams
+from laya_grpc.core import request_id, rpc, streams, tracing
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.question_wire import question_to_text
 from laya_proto.v1 import inference_pb2, status_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
 from .backends import BackendWatch
+from . import coalesce
 from .coalesce import InferCoalescer
 from .health import health_payload
 from .services import CheckpointInfo, Encoded, InferResult
@@ -59,6 +60,7 @@ class RemoteServices(BackendWatch):
             req.max_len = max_len
         if head_max_len is not None:
             req.head_max_len = head_max_len
+        req.origin.request_id, req.origin.traceparent = request_id.current_id(), tracing.traceparent()
         resp = await self._tok_calls[next(self._rr)].call(req, self.tokenize_timeout_s)
         rows = PackedRows.from_proto(resp.rows)
         per = resp.rows_per_state
@@ -80,6 +82,8 @@ class RemoteServices(BackendWatch):
 
     async def _infer_call(self, checkpoint: str, rows: PackedRows):
         req = inference_pb2.InferRequest(checkpoint=checkpoint)
+        for rid, tp in coalesce.origins():
+            req.origins.add(request_id=rid, traceparent=tp)
         rows.to_proto(req.rows)
         return await self._inf_call.call(req, self.infer_timeout_s)
 

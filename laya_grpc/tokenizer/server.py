@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import flags, metrics, rpc, streams
+from laya_grpc.core import flags, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
+from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.questions import parse_questions
 from laya_grpc.core.sources import open_source, parse_checkpoint_specs
@@ -73,6 +73,11 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
                                   tokens_pb2.CallError, "Tokenize")
 
     async def tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
+        request_id.begin(request.origin.request_id)   # this call's own task: its log lines carry the id
+        with tracing.server_span("tokenizer.tokenize", request.origin.traceparent, checkpoint=request.checkpoint):
+            return await self._tokenize(request)
+
+    async def _tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
         tok = self._get(request.checkpoint)
         try:
             states = [json.loads(s) for s in request.states_json]
@@ -147,10 +152,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--threads", env="LAYA_TOKENIZER_THREADS", default=max(1, min(4, os.cpu_count() or 1)), type=int,
               help="threads running encode_batch (the tokenizers library releases the GIL)")
     metrics.add_flag(p, "LAYA_TOKENIZER_METRICS")
+    add_observability_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("tokenizer")
+    setup_observability("tokenizer", args)
     try:
         sources = parse_checkpoint_specs(args.checkpoint)
     except LayaError as e:
