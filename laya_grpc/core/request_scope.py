@@ -3,7 +3,8 @@ x-request-id or a new one), its trace span, its metrics and its access-log line.
 
     with observed("http", "decide", headers.get("x-request-id"), headers.get("traceparent")) as scope:
         ...                      # scope.request_id goes back to the client
-        scope.status = 200       # or a LayaError raised through sets its kind's status
+        ...                      # 200 unless scope.status says otherwise or a LayaError raised
+                                 # through sets its kind's status
 
 With tracing off the per-request cost is minting or checking the id, two metric updates and one
 log record.
@@ -35,6 +36,7 @@ def observed(api: str, route: str, supplied_id: Optional[str] = None, traceparen
         with tracing.request_span("%s %s" % (api, route), traceparent or "", **{"laya.request_id": rid}):
             try:
                 yield scope
+                scope.status = scope.status or 200
             except LayaError as e:
                 scope.status = e.kind.http_status
                 raise
