@@ -181,3 +181,17 @@ def test_batched_forward_is_recorded_in_each_trace_in_memory():
     finally:
         tracing.shutdown()
     assert not tracing.enabled() and tracing.traceparent() == ""
+
+
+def test_tracing_off_imports_no_sdk():
+    """Without --otlp-endpoint the services never import the OpenTelemetry SDK (the `otel` extra)."""
+    import subprocess
+    import sys
+    code = ("import sys; import laya_grpc.gateway.server, laya_grpc.tokenizer.server, laya_grpc.cli.serve; "
+            "from laya_grpc.core import tracing, request_scope; "
+            "tracing.setup('gateway', None)\n"
+            "with request_scope.observed('http', 'decide'): pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
