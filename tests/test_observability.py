@@ -7,7 +7,9 @@ collector sees; the batched-forward recording is also checked with the SDK's in-
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import threading
 import time
 from concurrent import futures
@@ -48,7 +50,15 @@ def test_request_ids_access_log_json_and_a_clean_stop(tiny_ckpt):
             metadata=(("x-request-id", "grpc-id-7"),), timeout=30)
         assert dict(call[1].initial_metadata())["x-request-id"] == "grpc-id-7"
         channel.close()
-        time.sleep(0.5)
+        # a child that dies is restarted: serve forks while its own gRPC threads run (the C core
+        # would print a fork_posix.cc line)
+        os.kill(s.child_pid("tokenizer"), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "restart #1" in s.full_log() and s.health().get("ready") is True:
+                break
+            time.sleep(0.2)
+        assert s.post("/v1/systemone", BODY)[0] == 200
     log = s.full_log()
     lines = _json_lines(log)
     # every line a child wrote is JSON (serve's own ready line is a plain print)
@@ -65,6 +75,26 @@ def test_request_ids_access_log_json_and_a_clean_stop(tiny_ckpt):
     assert "Traceback" not in log
     assert not re.search(r"^[EWID]\d{4} \d\d:\d\d:\d\d", log, re.M), log[-3000:]
     assert "absl::InitializeLog" not in log
+    assert "restart #1" in log
+
+
+def test_a_cancelled_grpc_handler_is_not_logged_as_an_error():
+    """grpc.aio logs handlers cancelled by the server's stop as ERROR with a CancelledError
+    traceback; the log set-up drops exactly those."""
+    import asyncio
+    import io
+    import logging
+    from laya_grpc.core import logs
+    logs.setup("test", "text")
+    buf = io.StringIO()
+    logging.getLogger().handlers[0].stream = buf
+    cy = logging.getLogger("grpc._cython.cygrpc")
+    for exc in (asyncio.CancelledError(), ValueError("a real one")):
+        try:
+            raise exc
+        except BaseException:
+            cy.error("Exception not handled by _handle_exceptions in servicer method [/x/Y]", exc_info=True)
+    assert "CancelledError" not in buf.getvalue() and "ValueError: a real one" in buf.getvalue()
 
 
 # -- traces -------------------------------------------------------------------------------------

@@ -71,6 +71,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
+class _DropCancelled(logging.Filter):
+    """grpc.aio logs a handler cancelled by the server's stop or a departed client ("Exception not
+    handled ... CancelledError", with a traceback) as an ERROR; a cancelled call is no error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import asyncio
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
+
+
+def quiet_grpc_core() -> None:
+    """gRPC's C core writes its own lines to stderr (e.g. `I1203 ... fork_posix.cc:71] Other threads
+    are currently calling into gRPC, skipping fork() handlers` when serve restarts a child): only
+    errors, unless GRPC_VERBOSITY says otherwise. Must run before grpc is imported."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
 def setup(service: str, fmt: str | None = None, level: str | None = None) -> None:
     """Root handler on stderr in `fmt` (default LAYA_LOG_FORMAT or text); grpc's own loggers only
     from WARNING up. Replaces any handler set before, so calling it twice is harmless."""
@@ -85,6 +102,9 @@ def setup(service: str, fmt: str | None = None, level: str | None = None) -> Non
     root.addHandler(handler)
     root.setLevel(getattr(logging, level, logging.INFO))
     logging.getLogger("grpc").setLevel(logging.WARNING)
+    cygrpc = logging.getLogger("grpc._cython.cygrpc")
+    if not any(isinstance(f, _DropCancelled) for f in cygrpc.filters):
+        cygrpc.addFilter(_DropCancelled())
     if os.environ.get("LAYA_ACCESS_LOG", "1") in ("0", "false", "no", "off"):
         access_log.disabled = True
 
