@@ -59,7 +59,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
         self.tokenizers, self.pool = tokenizers, pool
         self.serving = False    # what grpc.health.v1 says (calls are counted by it)
         self.inflight = 0       # calls running (draining waits for them)
-        self._calls = {True: metrics.CALLS.labels("tokenizer", "yes"), False: metrics.CALLS.labels("tokenizer", "no")}
+        self._calls = {True: metrics.TOKENIZER_CALLS.labels("yes"), False: metrics.TOKENIZER_CALLS.labels("no")}
 
     def _get(self, name: str) -> LoadedTokenizer:
         tok = self.tokenizers.get(name)
