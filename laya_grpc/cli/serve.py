@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from laya_grpc.core import flags
+from laya_grpc.core import flags, ipc
 from laya_grpc.core.errors import LayaError
 from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
 from laya_grpc.core.sources import parse_checkpoint_specs
@@ -37,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
               help="Prometheus metrics, one endpoint per process: gateway 0 on PORT, inference on PORT+1, "
                    "tokenizer i on PORT+2+i, gateway j>0 after the tokenizers (off by default)")
+    flags.add(p, "--local-transport", env="LAYA_LOCAL_TRANSPORT", default="ipc", choices=["ipc", "grpc"],
+              help="how the gateway sends Tokenize and Infer calls to the children: 'ipc' = ZeroMQ unix sockets "
+                   "(less per-request overhead), 'grpc' = gRPC streams over unix sockets (for platforms without "
+                   "ZeroMQ ipc, and to compare); health and status always use gRPC")
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
               help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
 
@@ -66,8 +70,8 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
             return []
         host, _, port = args.metrics.rpartition(":")
         return ["--metrics", "%s:%d" % (host or "127.0.0.1", int(port) + offset)]
-    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + metrics_at(2 + i))
-                for i, t in enumerate(toks)]
+    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + metrics_at(2 + i)
+                      + local_ipc(args, run_dir, "tokenizer-%d" % i)[0]) for i, t in enumerate(toks)]
     inference = me + ["inference", "--listen", inf, "--backend", args.backend, "--device", args.device,
                       "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
                       "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
@@ -79,16 +83,26 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
         inference += ["--require-device", str(args.require_device)]
     if args.no_warmup:
         inference.append("--no-warmup")
-    children.append(Child("inference", inference))
-    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc, "--inference", inf] + ck
-    for t in toks:
-        gw += ["--tokenizer", t]
+    children.append(Child("inference", inference + local_ipc(args, run_dir, "inference")[0]))
+    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc,
+               "--inference", local_ipc(args, run_dir, "inference")[1] or inf] + ck
+    for i, t in enumerate(toks):
+        gw += ["--tokenizer", local_ipc(args, run_dir, "tokenizer-%d" % i)[1] or t]
     if n_gw > 1:
         gw.append("--reuse-port")
     # metrics: gateway 0 on PORT (its own registry; each worker counts what it served)
     children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]
                        + metrics_at(0 if i == 0 else 1 + n_tok + i)) for i in range(n_gw)]
     return children
+
+
+def local_ipc(args: argparse.Namespace, run_dir: str, name: str) -> tuple:
+    """(the child's extra flags, the gateway's address for it) when calls go over ZeroMQ IPC; the
+    child keeps its gRPC socket NAME.sock for health and status."""
+    if args.local_transport != "ipc":
+        return [], None
+    endpoint = "ipc://" + os.path.join(run_dir, name + ".ipc")
+    return ["--ipc", endpoint], ipc.address(endpoint, "unix:" + os.path.join(run_dir, name + ".sock"))
 
 
 def control_address(run_dir: str, i: int) -> str:

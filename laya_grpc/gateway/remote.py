@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 import grpc
 import numpy as np
 
-from laya_grpc.core import rpc, streams
+from laya_grpc.core import ipc, rpc, streams
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.question_wire import question_to_text
@@ -30,12 +30,16 @@ S = status_pb2
 class RemoteServices(BackendWatch):
     def __init__(self, tokenizer_addresses: Sequence[str], inference_address: str, feed: ChangeFeed,
                  tokenize_timeout_s: float = 30.0, infer_timeout_s: float = 600.0):
-        super().__init__(tokenizer_addresses, inference_address, feed)
-        self._tok_calls = [streams.StreamMux(tokenizer_pb2_grpc.TokenizerServiceStub(b.channel).TokenizeStream,
-                                             tokenizer_pb2.TokenizeCall, "tokenizer service")
-                           for b in self.tokenizers]
+        tok_links, inf_link = [ipc.Link.parse(a) for a in tokenizer_addresses], ipc.Link.parse(inference_address)
+        super().__init__([t.grpc for t in tok_links], inf_link.grpc, feed)
+        self._tok_calls = [ipc.call_mux(t, lambda b=b: streams.StreamMux(
+            tokenizer_pb2_grpc.TokenizerServiceStub(b.channel).TokenizeStream, tokenizer_pb2.TokenizeCall,
+            "tokenizer service"), tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply, "tokenizer service")
+            for t, b in zip(tok_links, self.tokenizers)]
         self._rr = itertools.cycle(range(len(self.tokenizers)))
-        self._inf_call = streams.StreamMux(self._inf.InferStream, inference_pb2.InferCall, "inference service")
+        self._inf_call = ipc.call_mux(inf_link, lambda: streams.StreamMux(
+            self._inf.InferStream, inference_pb2.InferCall, "inference service"),
+            inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._coalescer = InferCoalescer(self._infer_call)
         self._infos: dict = {}   # name -> (config_json, CheckpointInfo)

@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import flags, metrics, rpc, streams
+from laya_grpc.core import flags, ipc, metrics, rpc, streams
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_logging
 from laya_grpc.core.packed_rows import PackedRows
@@ -113,7 +113,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             await context.write(self.snapshot())
 
 
-async def serve(settings: InferenceSettings) -> int:
+async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) -> int:
     try:
         pick = pick_device(settings.device, settings.backend, settings.require_device)
     except LayaError as e:
@@ -142,6 +142,8 @@ async def serve(settings: InferenceSettings) -> int:
         print("laya-grpc inference: cannot listen on %s: %s (address in use?)" % (settings.address, e), file=sys.stderr)
         return 2
     await srv.start()
+    calls = ipc_endpoint and ipc.IpcServer(ipc_endpoint, servicer.infer, inference_pb2.InferCall,
+                                           inference_pb2.InferReply, tokens_pb2.CallError, "Infer").start()
     batcher.start()
     # first in the device thread's queue: the CUDA context comes up while checkpoints are read and hashed
     device_init = batcher.run_on_device(lambda: init_device(pick.device, settings.backend))
@@ -159,6 +161,8 @@ async def serve(settings: InferenceSettings) -> int:
     feed.bump()
     await rpc.set_health(hs, [SERVICE_NAME], False)
     await srv.stop(grace=2.0)
+    if calls:
+        await calls.close()
     batcher.stop()
     return 0
 
@@ -197,6 +201,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--listen", env="LAYA_INFERENCE_LISTEN", default="127.0.0.1:50052",
               help="address to serve on: HOST:PORT or unix:/path.sock")
     metrics.add_flag(p, "LAYA_INFERENCE_METRICS")
+    ipc.add_flag(p, "LAYA_INFERENCE_IPC", "Infer")
     add_model_flags(p)
 
 
@@ -207,4 +212,4 @@ def run(args: argparse.Namespace) -> int:
     except LayaError as e:
         print("laya-grpc inference: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings))
+    return asyncio.run(serve(settings, args.ipc))

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import flags, metrics, rpc, streams
+from laya_grpc.core import flags, ipc, metrics, rpc, streams
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
 from laya_grpc.core.packed_rows import PackedRows
@@ -107,7 +107,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
         return info
 
 
-async def serve(sources: dict, address: str, threads: int, metrics_address: Optional[str] = None) -> int:
+async def serve(sources: dict, address: str, threads: int, metrics_address: Optional[str] = None,
+                ipc_endpoint: Optional[str] = None) -> int:
     metrics.serve_metrics(metrics_address)
     srv = rpc.server()
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tok")
@@ -121,7 +122,9 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
         print("laya-grpc tokenizer: cannot listen on %s: %s (address in use?)" % (address, e), file=sys.stderr)
         return 2
     await srv.start()
-    log.info("tokenizer listening on %s", address)
+    calls = ipc_endpoint and ipc.IpcServer(ipc_endpoint, servicer.tokenize, tokenizer_pb2.TokenizeCall,
+                                           tokenizer_pb2.TokenizeReply, tokens_pb2.CallError, "Tokenize").start()
+    log.info("tokenizer listening on %s%s", address, " and " + ipc_endpoint if ipc_endpoint else "")
     try:
         servicer.tokenizers = await asyncio.get_running_loop().run_in_executor(None, load_tokenizers, sources)
     except LayaError as e:
@@ -135,6 +138,8 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
     await stop.wait()
     await rpc.set_health(hs, [SERVICE_NAME], False)
     await srv.stop(grace=2.0)
+    if calls:
+        await calls.close()
     pool.shutdown(wait=False)
     return 0
 
@@ -147,6 +152,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--threads", env="LAYA_TOKENIZER_THREADS", default=max(1, min(4, os.cpu_count() or 1)), type=int,
               help="threads running encode_batch (the tokenizers library releases the GIL)")
     metrics.add_flag(p, "LAYA_TOKENIZER_METRICS")
+    ipc.add_flag(p, "LAYA_TOKENIZER_IPC", "Tokenize")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,4 +162,4 @@ def run(args: argparse.Namespace) -> int:
     except LayaError as e:
         print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics))
+    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics, args.ipc))
