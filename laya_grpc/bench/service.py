@@ -17,6 +17,7 @@ import tempfile
 import time
 import numpy as np
 
+from . import hops
 from .inputs import Case, named_cases, random_cases
 from .stats import summary_ms
 
@@ -264,10 +265,12 @@ def first_requests(s: "Served", case: Case, model: str, warm_n: int = 50) -> dic
     return {"http": http, "grpc": grpc_rec}
 
 
-def run_service(a, rec, ckpt: str, model: str) -> None:
-    """Readiness, first request, warm latency per input, concurrency sweep, memory: HTTP and gRPC."""
+def run_service(a, rec, ckpt: str, model: str, transport: str = "ipc") -> None:
+    """Readiness, first request, warm latency per input, the per-hop breakdown, concurrency sweep,
+    memory: HTTP and gRPC, with `serve`'s children reached over `transport`."""
     env = {"LAYA_MAX_CONCURRENT": str(a.max_concurrent)}
     extra = ["--backend", a.backend, "--dtype", a.dtype] + (["--device", a.device] if a.device != "auto" else [])
+    extra += ["--local-transport", transport]
     s = Served({model: ckpt}, extra, env)
     try:
         ready_s = s.wait_ready(a.ready_timeout)
@@ -282,6 +285,9 @@ def run_service(a, rec, ckpt: str, model: str) -> None:
             for c in cases:
                 lat = sequential(kind, addr, c, model, a.iters + 5)[5:]
                 rec(kind, "latency", input=c.name, e2e=summary_ms(lat))
+        for c in cases:
+            rec("service", "hops", input=c.name, **hops.hop_breakdown(s.run_dir, transport, c.state, c.questions,
+                                                                       model, a.iters))
             for conc in a.concurrency:
                 r = load(kind, addr, [cases[0]], model, conc, a.duration, procs=min(conc, a.client_procs))
                 rec(kind, "concurrency", input="short", **r)
