@@ -3,7 +3,9 @@
 Why: a message on an open grpc.aio stream still pays HTTP/2 framing and grpc's completion-queue
 thread handoffs; the gateway makes two internal calls per request. ZeroMQ over an `ipc://` unix
 socket carries the same bytes with one syscall each way (vLLM's API server talks to its engine
-the same way). The payload is unchanged: each ZeroMQ message is one serialized contract message,
+the same way). Measured on the 2-core CI box, an empty call to another process: p50 0.10 ms
+against 0.18 ms on a gRPC stream, 21,000 against 4,100 calls/s with 64 callers
+(`python -m benchmarks.hops --empty`). The payload is unchanged: each ZeroMQ message is one serialized contract message,
 `TokenizeCall`/`InferCall` one way and `TokenizeReply`/`InferReply` back, matched by id, so
 `IpcMux.call` means exactly what `streams.StreamMux.call` means.
 
@@ -30,7 +32,6 @@ from typing import Awaitable, Callable, Optional
 from urllib.parse import parse_qs
 
 import zmq
-import zmq.asyncio
 
 from . import flags
 from .errors import Kind, LayaError
@@ -85,30 +86,36 @@ async def reply_to(call, handle: Callable[[object], Awaitable], reply_cls, error
 
 class IpcServer:
     """A ROUTER socket bound to `endpoint`: every call runs as its own task (so calls batch
-    together exactly as concurrent gRPC calls do) and its reply goes back to the caller's socket."""
+    together exactly as concurrent gRPC calls do) and its reply goes back to the caller's socket.
+
+    A plain (blocking-API) socket driven by the event loop: `add_reader` on its notification fd,
+    then every message ready is read without blocking. Cheaper than a Future per message
+    (zmq.asyncio); the fd is edge-triggered, so the socket is drained again after each send."""
 
     def __init__(self, endpoint: str, handle: Callable[[object], Awaitable], call_cls, reply_cls, error_cls,
                  name: str):
         self.endpoint = _check_endpoint(endpoint)
         self._handle, self._call_cls, self._reply_cls, self._error_cls = handle, call_cls, reply_cls, error_cls
         self.name = name
-        self._sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock = _socket(zmq.ROUTER)
         try:
             self._sock.bind(endpoint)
         except zmq.ZMQError as e:
             self._sock.close()
             raise LayaError(Kind.INVALID, "cannot listen on %s: %s" % (endpoint, e)) from None
         self._tasks: set = set()
-        self._loop_task: Optional[asyncio.Task] = None
+        self._loop = None
 
     def start(self) -> "IpcServer":
-        self._loop_task = asyncio.ensure_future(self._serve())
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._sock.getsockopt(zmq.FD), self._drain)
+        self._loop.call_soon(self._drain)
         return self
 
-    async def _serve(self) -> None:
-        while True:
-            frames = await self._sock.recv_multipart(copy=False)
+    def _drain(self) -> None:
+        sock = self._sock
+        while not sock.closed and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             if len(frames) != 2:
                 continue    # not one of ours: a ROUTER message is [peer id, payload]
             try:
@@ -122,14 +129,24 @@ class IpcServer:
 
     async def _one(self, peer: bytes, call) -> None:
         reply = await reply_to(call, self._handle, self._reply_cls, self._error_cls, self.name)
-        await self._sock.send_multipart([peer, reply.SerializeToString()], copy=False)
+        if not self._sock.closed:
+            self._sock.send_multipart([peer, reply.SerializeToString()], zmq.NOBLOCK)
+            self._drain()
 
     async def close(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
         for t in list(self._tasks):
             t.cancel()
+        if self._loop is not None and not self._sock.closed:
+            self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
         self._sock.close(linger=0)
+
+
+def _socket(kind: int):
+    sock = zmq.Context.instance().socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)   # no message limit: a send never blocks or drops (calls are bounded upstream)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    return sock
 
 
 # ------------------------------------------------------------------------------------ client side
@@ -139,27 +156,29 @@ _EVENT = struct.Struct("=HI")   # monitor frame 0: event id (uint16), value (uin
 
 class IpcMux:
     """Client side: `await mux.call(request, timeout)` behaves like `StreamMux.call`: the response,
-    or a LayaError (the backend's own kind, TIMEOUT, or BUSY when it is unreachable or died)."""
+    or a LayaError (the backend's own kind, TIMEOUT, or BUSY when it is unreachable or died).
+    Driven by the event loop like `IpcServer`; its monitor socket the same way."""
 
     def __init__(self, endpoint: str, call_cls, reply_cls, what: str):
         self.endpoint, self._call_cls, self._reply_cls, self.what = _check_endpoint(endpoint), call_cls, reply_cls, what
         self._ids = itertools.count(1)
         self._pending: dict = {}
-        self._sock = None
-        self._tasks: list = []
+        self._sock = self._monitor = self._loop = None
         self._connected: Optional[asyncio.Event] = None
 
     def _ensure_socket(self):
         if self._sock is None:
-            sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
+            sock = _socket(zmq.DEALER)
             sock.setsockopt(zmq.IMMEDIATE, 1)          # no queueing towards a backend that is not connected
             sock.setsockopt(zmq.RECONNECT_IVL, 100)    # a restarted child is picked up within 0.1 s
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
             monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             sock.connect(self.endpoint)
-            self._sock, self._connected = sock, asyncio.Event()
-            self._tasks = [asyncio.ensure_future(self._read(sock)), asyncio.ensure_future(self._watch(monitor))]
+            self._sock, self._monitor, self._connected = sock, monitor, asyncio.Event()
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
+            self._loop.add_reader(monitor.getsockopt(zmq.FD), self._watch)
+            self._loop.call_soon(self._watch)
         return self._sock
 
     async def call(self, request, timeout: Optional[float] = None):
@@ -182,7 +201,8 @@ class IpcMux:
         deadline = time.monotonic() + (min(CONNECT_WAIT_S, timeout) if timeout else CONNECT_WAIT_S)
         while True:
             try:
-                await sock.send(payload, zmq.NOBLOCK, copy=False)
+                sock.send(payload, zmq.NOBLOCK, copy=False)
+                self._drain()   # the fd is edge-triggered: a reply that came in meanwhile is read now
                 return
             except zmq.Again:
                 pass
@@ -195,9 +215,10 @@ class IpcMux:
                 pass
             await asyncio.sleep(0.002 if self._connected.is_set() else 0)
 
-    async def _read(self, sock) -> None:
-        while True:
-            frame = await sock.recv(copy=False)
+    def _drain(self) -> None:
+        sock = self._sock
+        while sock is not None and not sock.closed and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frame = sock.recv(zmq.NOBLOCK, copy=False)
             try:
                 reply = self._reply_cls.FromString(frame.buffer)
             except Exception:  # noqa: BLE001
@@ -211,34 +232,33 @@ class IpcMux:
             else:
                 fut.set_result(reply.response)
 
-    async def _watch(self, monitor) -> None:
+    def _watch(self) -> None:
         """Connection events: a dropped connection fails every call in flight (they may or may not
         have run, as with a lost gRPC connection)."""
-        try:
-            while True:
-                frames = await monitor.recv_multipart()
-                event, _ = _EVENT.unpack(frames[0][:_EVENT.size])
-                if event == zmq.EVENT_CONNECTED:
-                    self._connected.set()
-                elif event == zmq.EVENT_DISCONNECTED:
-                    self._connected.clear()
-                    err = LayaError(Kind.BUSY, "%s unavailable: it closed the connection" % self.what)
-                    for fut in list(self._pending.values()):
-                        if not fut.done():
-                            fut.set_exception(err)
-        finally:
-            monitor.close(linger=0)
+        mon = self._monitor
+        while mon is not None and not mon.closed and mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = mon.recv_multipart(zmq.NOBLOCK)
+            event, _ = _EVENT.unpack(frames[0][:_EVENT.size])
+            if event == zmq.EVENT_CONNECTED:
+                self._connected.set()
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._connected.clear()
+                err = LayaError(Kind.BUSY, "%s unavailable: it closed the connection" % self.what)
+                for fut in list(self._pending.values()):
+                    if not fut.done():
+                        fut.set_exception(err)
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(LayaError(Kind.BUSY, "%s connection closed by this process" % self.what))
         if self._sock is not None:
+            self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
+            self._loop.remove_reader(self._monitor.getsockopt(zmq.FD))
             self._sock.disable_monitor()
+            self._monitor.close(linger=0)
             self._sock.close(linger=0)
-            self._sock = None
+            self._sock = self._monitor = None
 
 
 def call_mux(link: Link, grpc_mux: Callable[[], object], call_cls, reply_cls, what: str):
