@@ -155,3 +155,18 @@ def test_a_backend_killed_with_a_request_in_flight_answers_503_at_once_and_then_
     while (status := stack.post("/v1/systemone", body)[0]) != 200:
         assert status == 503 and time.monotonic() < deadline, status
         time.sleep(0.3)
+
+
+def test_timing_header_only_when_asked_and_each_hop_covers_its_server_figures(stack):
+    from laya_grpc.core import timing
+    body = {"state": STATES[0], "questions": QUESTIONS}
+    status, _, headers = stack.post("/v1/systemone", body)
+    assert status == 200 and not any(k.lower() == "x-laya-timing" for k in headers)
+    status, _, headers = stack.post("/v1/systemone", body, headers={"x-laya-timing": "1"})
+    assert status == 200
+    st = timing.parse(next(v for k, v in headers.items() if k.lower() == "x-laya-timing"))
+    assert list(st) == ["admission_body", "parse", "route", "tokenize_server", "tokenizer_hop", "queue_wait", "model",
+                        "inference_hop", "decode", "render"], st
+    assert all(v >= 0 for v in st.values()), st
+    assert st["tokenizer_hop"] >= st["tokenize_server"] > 0   # the hop includes the server's own time
+    assert st["inference_hop"] >= st["model"] > 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -159,6 +160,50 @@ def hop_breakdown(run_dir: str, transport: str, state, questions: dict, model: s
             await _close(imux, ich)
         return {k: summary_ms(v) for k, v in parts.items()}
     return asyncio.run(main())
+
+
+# ------------------------------------------------------------------ one HTTP request, stage by stage
+
+APP_STAGES = ("admission_body", "parse", "route", "tokenizer_hop", "inference_hop", "decode", "render")
+
+
+def http_breakdown(http: str, body: dict, n: int) -> dict:
+    """Sequential HTTP requests asking for `x-laya-timing`: p50/p95 of each gateway stage (auth,
+    admission and body read; parse; routing; the tokenizer hop = tokenize on the server + the rest;
+    the inference hop = queue wait + model + the rest; decoding; rendering) and `http_outside` =
+    what the client saw beyond the app: HTTP parsing in uvicorn and the socket both ways."""
+    from laya_grpc.core import timing
+    host, _, port = http.replace("http://", "").rpartition(":")
+    payload = json.dumps(body).encode()
+    req = (b"POST /v1/systemone HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s: 1\r\n"
+           b"Content-Length: %d\r\n\r\n" % (host.encode(), timing.REQUEST_HEADER.encode(), len(payload))) + payload
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    parts: dict = {}
+    try:
+        for k in range(n + 5):
+            t0 = time.perf_counter()
+            sock.sendall(req)
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += sock.recv(65536)
+            head, _, rest = buf.partition(b"\r\n\r\n")
+            fields = {a.strip().lower(): b.strip() for a, _, b in (x.partition(b":") for x in head.split(b"\r\n")[1:])}
+            while len(rest) < int(fields.get(b"content-length", b"0")):
+                rest += sock.recv(65536)
+            total = (time.perf_counter() - t0) * 1e3
+            if k < 5 or b"x-laya-timing" not in fields:
+                continue
+            st = timing.parse(fields[b"x-laya-timing"].decode())
+            st["tokenizer_rest"] = st.get("tokenizer_hop", 0) - st.get("tokenize_server", 0)
+            st["inference_rest"] = st.get("inference_hop", 0) - st.get("queue_wait", 0) - st.get("model", 0)
+            st["http_outside"] = total - sum(st.get(x, 0) for x in APP_STAGES)
+            st["client_total"] = total
+            for name, ms in st.items():
+                parts.setdefault(name, []).append(ms / 1e3)
+    finally:
+        sock.close()
+    return {k: summary_ms(v) for k, v in parts.items()}
 
 
 def gateway_own_ms(http_p50: float, hops: dict) -> float:

@@ -78,6 +78,20 @@ def section(recs: list) -> list:
         L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             t, cell("tokenizer_hop"), cell("tokenize_server"), cell("tokenizer_transport"), cell("inference_hop"),
             cell("queue_wait"), cell("model"), cell("inference_transport"), _f(f["gateway_own"])))
+    stages = [("http_outside", "HTTP in/out (uvicorn parse, socket)"), ("admission_body", "auth, admission, body"),
+              ("parse", "parse"), ("route", "routing"), ("tokenize_server", "tokenize (server)"),
+              ("tokenizer_rest", "tokenizer transport + hand-offs"), ("queue_wait", "queue wait"), ("model", "model"),
+              ("inference_rest", "inference transport + coalescing"), ("decode", "decoding"), ("render", "rendering"),
+              ("client_total", "total (client)")]
+    got = {t: next((r for r in recs if r["kind"] == "stages" and r.get("transport") == t and r.get("input") == "short"),
+                   None) for t in ts}
+    if any(got.values()):
+        L += ["", "Inside one HTTP request (`x-laya-timing: 1`, sequential, short input), p50 / p95 ms:", "",
+              "| stage | " + " | ".join(ts) + " |", "|---|" + "---|" * len(ts)]
+        for key, label in stages:
+            L.append("| %s | " % label + " | ".join(
+                "%s / %s" % (_f(got[t][key]["p50_ms"]), _f(got[t][key]["p95_ms"])) if got[t] and key in got[t] else "-"
+                for t in ts) + " |")
     return L
 
 
@@ -87,6 +101,10 @@ def summary(recs: list) -> str:
     for t in transports(recs):
         f = _facts(recs, t)
         h = f["hops"]
+        st = next((r for r in recs if r["kind"] == "stages" and r.get("transport") == t and r.get("input") == "short"), None)
+        if st:
+            out.append("stages p50 ms [%s]: " % t + ", ".join("%s %.3f" % (k, v["p50_ms"]) for k, v in st.items()
+                                                              if isinstance(v, dict)))
         out.append("path cost [%s]: HTTP p50 %s ms, in-process p50 %s ms, HTTP - in-process %s ms; hops p50: "
                    "tokenizer %s (rest %s), inference %s (rest %s), gateway own %s" % (
                        t, _f(f["http_p50"]), _f(f["engine_p50"]), _f(f["http_minus_inproc"]),

@@ -288,6 +288,7 @@ def run_service(a, rec, ckpt: str, model: str, transport: str = "ipc") -> None:
         for c in cases:
             rec("service", "hops", input=c.name, **hops.hop_breakdown(s.run_dir, transport, c.state, c.questions,
                                                                        model, a.iters))
+            rec("http", "stages", input=c.name, **hops.http_breakdown(s.http, body(c, model), a.iters))
             for conc in a.concurrency:
                 r = load(kind, addr, [cases[0]], model, conc, a.duration, procs=min(conc, a.client_procs))
                 rec(kind, "concurrency", input="short", **r)

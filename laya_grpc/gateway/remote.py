@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 import grpc
 import numpy as np
 
-from laya_grpc.core import ipc, rpc, streams
+from laya_grpc.core import ipc, rpc, streams, timing
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.question_wire import question_to_text
@@ -64,6 +64,7 @@ class RemoteServices(BackendWatch):
         if head_max_len is not None:
             req.head_max_len = head_max_len
         resp = await self._tok_calls[next(self._rr)].call(req, self.tokenize_timeout_s)
+        timing.add("tokenize_server", resp.tokenize_ms)
         rows = PackedRows.from_proto(resp.rows)
         per = resp.rows_per_state
         return [Encoded(rows.take(range(k * per, (k + 1) * per)), json.loads(u))
@@ -75,6 +76,8 @@ class RemoteServices(BackendWatch):
         if st is not None and st.max_row_tokens:   # refuse here: in a shared Infer call it would fail the others
             packed.check_max_len(st.max_row_tokens)   # the rest was validated when the tokenizer's reply came in
         resp, merged, start = await self._coalescer.submit(checkpoint, packed)
+        timing.add("queue_wait", resp.queue_ms)
+        timing.add("model", resp.model_ms)
         flat = np.frombuffer(resp.logits, dtype="<f4")
         offs = merged.marker_offsets
         n_act = max(1, resp.n_act)
