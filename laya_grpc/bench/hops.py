@@ -167,7 +167,7 @@ def hop_breakdown(run_dir: str, transport: str, state, questions: dict, model: s
 APP_STAGES = ("admission_body", "parse", "route", "tokenizer_hop", "inference_hop", "decode", "render")
 
 
-def http_breakdown(http: str, body: dict, n: int) -> dict:
+def http_breakdown(http: str, body: dict, n: int, warm: int = 5) -> dict:
     """Sequential HTTP requests asking for `x-laya-timing`: p50/p95 of each gateway stage (auth,
     admission and body read; parse; routing; the tokenizer hop = tokenize on the server + the rest;
     the inference hop = queue wait + model + the rest; decoding; rendering) and `http_outside` =
@@ -181,7 +181,7 @@ def http_breakdown(http: str, body: dict, n: int) -> dict:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     parts: dict = {}
     try:
-        for k in range(n + 5):
+        for k in range(n + warm):
             t0 = time.perf_counter()
             sock.sendall(req)
             buf = b""
@@ -192,7 +192,7 @@ def http_breakdown(http: str, body: dict, n: int) -> dict:
             while len(rest) < int(fields.get(b"content-length", b"0")):
                 rest += sock.recv(65536)
             total = (time.perf_counter() - t0) * 1e3
-            if k < 5 or b"x-laya-timing" not in fields:
+            if k < warm or b"x-laya-timing" not in fields:
                 continue
             st = timing.parse(fields[b"x-laya-timing"].decode())
             st["tokenizer_rest"] = st.get("tokenizer_hop", 0) - st.get("tokenize_server", 0)
@@ -206,6 +206,28 @@ def http_breakdown(http: str, body: dict, n: int) -> dict:
     return {k: summary_ms(v) for k, v in parts.items()}
 
 
+def compare_transports(ckpt: str, n: int, transports=TRANSPORTS, model: str = "english") -> dict:
+    """One `serve` per transport, all up at once, HTTP requests alternating between them request by
+    request (so background load hits every transport alike): {transport: stages as http_breakdown}."""
+    from .inputs import named_cases
+    from .service import Served, body
+    case = named_cases()[0]
+    stacks = {t: Served({model: ckpt}, ["--local-transport", t, "--tokenizer-workers", "1", "--gateway-workers", "1"],
+                        {"LAYA_MAX_CONCURRENT": "256"}) for t in transports}
+    try:
+        for s in stacks.values():
+            s.wait_ready(300)
+        parts = {t: {} for t in transports}
+        for _ in range(n):
+            for t, s in stacks.items():
+                for k, v in http_breakdown(s.http, body(case, model), 1, warm=0).items():
+                    parts[t].setdefault(k, []).append(v["p50_ms"] / 1e3)
+        return {t: {k: summary_ms(v) for k, v in p.items()} for t, p in parts.items()}
+    finally:
+        for s in stacks.values():
+            s.close()
+
+
 def gateway_own_ms(http_p50: float, hops: dict) -> float:
     """HTTP p50 beyond the two hops: parse, admission, routing, decode, render and hand-offs."""
     return http_p50 - hops["tokenizer_hop"]["p50_ms"] - hops["inference_hop"]["p50_ms"]
@@ -215,6 +237,13 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["echo"]:
         asyncio.run(_echo_main(argv[1], argv[2]))
+        return 0
+    if argv[:1] == ["compare"]:   # compare CHECKPOINT_DIR [N]
+        res = compare_transports(argv[1], int(argv[2]) if len(argv) > 2 else 200)
+        keys = list(next(iter(res.values())))
+        print("%-22s " % "stage (p50/p95 ms)" + " ".join("%18s" % t for t in res))
+        for k in keys:
+            print("%-22s " % k + " ".join("%18s" % ("%.3f/%.3f" % (r[k]["p50_ms"], r[k]["p95_ms"])) for r in res.values()))
         return 0
     print(json.dumps(empty_round_trips()))
     return 0

@@ -285,13 +285,13 @@ def run_service(a, rec, ckpt: str, model: str, transport: str = "ipc") -> None:
             for c in cases:
                 lat = sequential(kind, addr, c, model, a.iters + 5)[5:]
                 rec(kind, "latency", input=c.name, e2e=summary_ms(lat))
+            for conc in a.concurrency:
+                r = load(kind, addr, [cases[0]], model, conc, a.duration, procs=min(conc, a.client_procs))
+                rec(kind, "concurrency", input="short", **r)
         for c in cases:
             rec("service", "hops", input=c.name, **hops.hop_breakdown(s.run_dir, transport, c.state, c.questions,
                                                                        model, a.iters))
             rec("http", "stages", input=c.name, **hops.http_breakdown(s.http, body(c, model), a.iters))
-            for conc in a.concurrency:
-                r = load(kind, addr, [cases[0]], model, conc, a.duration, procs=min(conc, a.client_procs))
-                rec(kind, "concurrency", input="short", **r)
         soak = random_cases(a.soak)
         load("http", s.http, soak, model, 8, a.duration, procs=2)
         rec("service", "memory", phase="after_random_soak", children=s.children(), gpu_mb_by_pid=gpu_used_by_pids())

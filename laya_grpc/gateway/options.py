@@ -27,8 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="share the --http and --grpc ports with other gateway processes (SO_REUSEPORT; "
                    "the kernel spreads connections); 'serve --gateway-workers N' sets it")
     flags.add(p, "--tokenizer", env="LAYA_TOKENIZER_ADDRESSES", append=True, default=["127.0.0.1:50053"],
-              help="tokenizer service address(es); requests are spread round-robin")
+              help="tokenizer service address(es); requests are spread round-robin. "
+                   "ipc:///PATH?grpc=ADDRESS sends Tokenize calls over ZeroMQ on that unix socket (same host) "
+                   "and keeps health on the gRPC ADDRESS")
     flags.add(p, "--inference", env="LAYA_INFERENCE_ADDRESS", default="127.0.0.1:50052",
-              help="inference service address")
+              help="inference service address (ipc:///PATH?grpc=ADDRESS as for --tokenizer)")
     flags.add(p, "--checkpoint", env="LAYA_CHECKPOINTS", append=True, metavar="NAME=SOURCE",
               help="the checkpoints the inference service serves (names route requests; sources show in routing.repo)")
