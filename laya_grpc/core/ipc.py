@@ -35,6 +35,7 @@ import zmq
 
 from . import flags
 from .errors import Kind, LayaError
+from .rpc import MAX_MESSAGE_BYTES
 from .streams import call_error, error_from_call
 
 log = logging.getLogger("laya_grpc.core.ipc")
@@ -146,6 +147,7 @@ def _socket(kind: int):
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)   # no message limit: a send never blocks or drops (calls are bounded upstream)
     sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)   # gRPC's limit: a larger message drops the connection
     return sock
 
 
