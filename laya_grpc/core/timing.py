@@ -1,7 +1,7 @@
 """Where one request's time went inside the gateway, only when the client asks for it.
 
 A request carrying `x-laya-timing: 1` gets a response header `x-laya-timing` listing the
-milliseconds of each stage in order (`admission=0.012;body=0.020;parse=0.041;route=0.009;...`),
+milliseconds of each stage in order (`admission_body=0.05;parse=0.07;route=0.03;tokenize_server=...`),
 including the backends' own figures (tokenize_server, queue_wait, model) so the transport and
 hand-off time of each hop is what the hop took beyond them. `laya-grpc bench` reads it for the
 per-hop breakdown. Without the header nothing is recorded: `mark` is one ContextVar lookup.
