@@ -20,7 +20,7 @@ import time
 from laya_grpc.core import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STAGES = ("engine", "upstream", "upstream-compiled", "service")
+STAGES = ("engine", "upstream", "upstream-compiled", "service", "parity")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -128,6 +128,15 @@ def run(a) -> int:
         return 2
     failed = []
     for st in stages:
+        if st == "parity":            # the served path against upstream CPU fp32 (parity.py)
+            try:
+                from .parity import run_parity
+                if not run_parity(a, rec, ckpt, "english")[1]:
+                    failed.append(st)
+            except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
+                rec("parity", "error", detail="%s: %s" % (type(e).__name__, e))
+                failed.append(st)
+            continue
         if st == "service":
             for tr in [t for t in a.transports.split(",") if t]:
                 try:

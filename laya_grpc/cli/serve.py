@@ -2,7 +2,9 @@
 
 The embedded default deployment. Each service runs in its own process (text work never
 competes with the device thread for the GIL); the supervisor restarts a child that dies, and
-the gateway's status stream reports it going down and coming back.
+the gateway's status stream reports it going down and coming back. With several inference
+replicas (`--inference-replicas`, or `--device` listing several devices) the gateway balances over
+them as over remote replicas (gateway/balancing.py): a dead or restarting one gets no calls.
 """
 from __future__ import annotations
 
@@ -15,9 +17,9 @@ import sys
 import tempfile
 import time
 
-from laya_grpc.core import flags, ipc
-from laya_grpc.core.errors import LayaError
-from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
+from laya_grpc.core import draining, flags, ipc, metrics
+from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_logging
 from laya_grpc.core.sources import parse_checkpoint_specs
 from .supervisor import Child, FatalChildExit, Supervisor
 
@@ -34,13 +36,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--gateway-workers", env="LAYA_GATEWAY_WORKERS", default=0, type=flags.non_negative_int,
               help="gateway processes sharing the HTTP and gRPC ports (Python work per request is the "
                    "ceiling under many clients; 0 = auto: one per 4 CPUs, 1 to 4)")
+    flags.add(p, "--inference-replicas", env="LAYA_INFERENCE_REPLICAS", default=1, type=flags.positive_int,
+              help="inference processes; the gateway spreads calls over those that are SERVING, so one can die "
+                   "or restart without failing requests. With --device listing several devices (cuda:0,cuda:1) "
+                   "there is one per listed device; otherwise N share --device (each holds its own copy of "
+                   "the weights)")
     flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
-              help="Prometheus metrics, one endpoint per process: gateway 0 on PORT, inference on PORT+1, "
-                   "tokenizer i on PORT+2+i, gateway j>0 after the tokenizers (off by default)")
+              help="one Prometheus endpoint for every process of this serve (each family exported by the "
+                   "service it describes, summed across gateway and tokenizer workers; off by default)")
     flags.add(p, "--local-transport", env="LAYA_LOCAL_TRANSPORT", default="ipc", choices=["ipc", "grpc"],
               help="how the gateway sends Tokenize and Infer calls to the children: 'ipc' = ZeroMQ unix sockets "
                    "(less per-request overhead), 'grpc' = gRPC streams over unix sockets (for platforms without "
                    "ZeroMQ ipc, and to compare); health and status always use gRPC")
+    draining.add_flag(p)
+    add_observability_flags(p)
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
               help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
 
@@ -64,35 +73,32 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     n_tok = args.tokenizer_workers or max(1, min(4, cpus // 4))   # ~0.6 ms of tokenizer CPU a request: 2 capped 64 clients
     n_gw = args.gateway_workers or max(1, min(4, cpus // 4))
     toks = ["unix:" + os.path.join(run_dir, "tokenizer-%d.sock" % i) for i in range(n_tok)]
-    inf = "unix:" + os.path.join(run_dir, "inference.sock")
-    def metrics_at(offset: int) -> list:
-        if not args.metrics:
-            return []
-        host, _, port = args.metrics.rpartition(":")
-        return ["--metrics", "%s:%d" % (host or "127.0.0.1", int(port) + offset)]
-    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + metrics_at(2 + i)
+    devices = inference_devices(args.device, args.inference_replicas)
+    names = ["inference"] if len(devices) == 1 else ["inference-%d" % k for k in range(len(devices))]
+    infs = ["unix:" + os.path.join(run_dir, n + ".sock") for n in names]
+    grace = ["--drain-grace-s", str(args.drain_grace_s)]
+    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + grace
                       + local_ipc(args, run_dir, "tokenizer-%d" % i)[0]) for i, t in enumerate(toks)]
-    inference = me + ["inference", "--listen", inf, "--backend", args.backend, "--device", args.device,
+    inference = me + ["inference", "--backend", args.backend,
                       "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
                       "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
                       "--max-wait-ms", str(args.max_wait_ms),
-                      "--cuda-kernels", args.cuda_kernels, "--pack-rows", args.pack_rows] + ck + metrics_at(1)
+                      "--cuda-kernels", args.cuda_kernels, "--pack-rows", args.pack_rows] + ck + grace
     for name in args.preload or []:
         inference += ["--preload", name]
     if args.require_device is not None:
         inference += ["--require-device", str(args.require_device)]
     if args.no_warmup:
         inference.append("--no-warmup")
-    children.append(Child("inference", inference + local_ipc(args, run_dir, "inference")[0]))
+    for name, inf, device in zip(names, infs, devices):
+        children.append(Child(name, inference + ["--listen", inf, "--device", device] + local_ipc(args, run_dir, name)[0]))
     gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc,
-               "--inference", local_ipc(args, run_dir, "inference")[1] or inf] + ck
+               "--inference", ",".join(local_ipc(args, run_dir, n)[1] or i for n, i in zip(names, infs))] + ck + grace
     for i, t in enumerate(toks):
         gw += ["--tokenizer", local_ipc(args, run_dir, "tokenizer-%d" % i)[1] or t]
     if n_gw > 1:
         gw.append("--reuse-port")
-    # metrics: gateway 0 on PORT (its own registry; each worker counts what it served)
-    children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]
-                       + metrics_at(0 if i == 0 else 1 + n_tok + i)) for i in range(n_gw)]
+    children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]) for i in range(n_gw)]
     return children
 
 
@@ -103,6 +109,18 @@ def local_ipc(args: argparse.Namespace, run_dir: str, name: str) -> tuple:
         return [], None
     endpoint = "ipc://" + os.path.join(run_dir, name + ".ipc")
     return ["--ipc", endpoint], ipc.address(endpoint, "unix:" + os.path.join(run_dir, name + ".sock"))
+
+
+def inference_devices(device: str, replicas: int) -> list:
+    """The device of each inference replica: one per device when --device lists several,
+    else `replicas` sharing the one."""
+    listed = [d.strip() for d in str(device).split(",") if d.strip()] or ["auto"]
+    if len(listed) == 1:
+        return listed * replicas
+    if replicas not in (1, len(listed)):
+        raise LayaError(Kind.INVALID, "--inference-replicas %d does not match the %d devices of --device %s "
+                        "(one replica per listed device)" % (replicas, len(listed), device))
+    return listed
 
 
 def control_address(run_dir: str, i: int) -> str:
@@ -144,6 +162,25 @@ async def announce_ready(grpc_address: str, http: str, started: float, controls:
           % (time.monotonic() - started, http, grpc_address, workers), file=sys.stderr, flush=True)
 
 
+def share_observability(args: argparse.Namespace, run_dir: str) -> None:
+    """Children inherit serve's environment: the log format and trace endpoint go to all of them,
+    and with --metrics each writes its samples under the run dir (prometheus-client's
+    multiprocess mode, set before any child imports it) for serve's one endpoint to export."""
+    os.environ["LAYA_LOG_FORMAT"] = args.log_format
+    if args.otlp_endpoint:
+        os.environ["LAYA_OTLP_ENDPOINT"] = args.otlp_endpoint
+    if args.metrics:
+        directory = os.path.join(run_dir, "metrics")
+        shutil.rmtree(directory, ignore_errors=True)   # samples of an earlier run would add up with ours
+        os.makedirs(directory)
+        os.environ[metrics.MULTIPROC_ENV] = directory
+        try:
+            where = metrics.serve_aggregated(args.metrics, directory)
+        except OSError as e:
+            raise LayaError(Kind.INVALID, "cannot serve --metrics on %s: %s" % (args.metrics, e)) from None
+        log.info("metrics of every process on http://%s/metrics", where)
+
+
 async def serve(args: argparse.Namespace) -> int:
     started = time.monotonic()
     own_dir = args.run_dir is None
@@ -151,18 +188,22 @@ async def serve(args: argparse.Namespace) -> int:
     os.makedirs(run_dir, exist_ok=True)
     try:
         children = child_argvs(args, run_dir)
+        share_observability(args, run_dir)
         stop = asyncio.Event()
         install_stop_signals(stop)
-        async with Supervisor(children) as sup:
-            ready = asyncio.ensure_future(announce_ready(args.grpc, args.http, started, gateway_controls(children)))
-            stopper = asyncio.ensure_future(stop.wait())
-            done, _ = await asyncio.wait([stopper, sup.fatal], return_when=asyncio.FIRST_COMPLETED)
-            ready.cancel()
-            stopper.cancel()
-            if sup.fatal in done:
-                err = sup.fatal.exception()
-                print("laya-grpc serve: %s; stopping (see the message above)" % err, file=sys.stderr)
-                return err.code if isinstance(err, FatalChildExit) else 1
+        async with Supervisor(children, on_exit=metrics.process_gone) as sup:
+            try:
+                ready = asyncio.ensure_future(announce_ready(args.grpc, args.http, started, gateway_controls(children)))
+                stopper = asyncio.ensure_future(stop.wait())
+                done, _ = await asyncio.wait([stopper, sup.fatal], return_when=asyncio.FIRST_COMPLETED)
+                ready.cancel()
+                stopper.cancel()
+                if sup.fatal in done:
+                    err = sup.fatal.exception()
+                    print("laya-grpc serve: %s; stopping (see the message above)" % err, file=sys.stderr)
+                    return err.code if isinstance(err, FatalChildExit) else 1
+            finally:   # SIGTERM to every child; each drains for up to --drain-grace-s before it is killed
+                await sup.close(grace_s=args.drain_grace_s + 5.0)
         return 0
     finally:
         if own_dir:
@@ -170,10 +211,15 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("serve")
+    setup_logging("serve", fmt=args.log_format)
     try:
         parse_checkpoint_specs(args.checkpoint)
+        inference_devices(args.device, args.inference_replicas)
     except LayaError as e:
         print("laya-grpc serve: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(args))
+    try:
+        return asyncio.run(serve(args))
+    except LayaError as e:
+        print("laya-grpc serve: %s" % e.detail, file=sys.stderr)
+        return 2

@@ -3,6 +3,10 @@
 It watches each backend (grpc.health.v1 Watch and the inference service's WatchStatus) so the
 gateway's readiness, /health and status stream always report what the backends say right now: a
 killed child shows as down at once, and as ready again when its replacement has warmed up.
+
+A backend given as several endpoints is watched replica by replica (each on its own channel);
+its calls go over one balanced channel (balancing.py). A `dns:///` backend is watched through
+its balanced channel, which reaches a SERVING replica whenever there is one.
 """
 from __future__ import annotations
 
@@ -15,8 +19,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from laya_grpc.core import rpc
+from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokenizer_pb2
+
+from .balancing import balanced_channel
+from .endpoints import BackendTarget
 
 log = logging.getLogger("laya_grpc.gateway.backends")
 S = status_pb2
@@ -40,35 +48,76 @@ class Backend:
 class BackendWatch:
     """Channels to the backends and their live state; `RemoteServices` adds the calls."""
 
-    def __init__(self, tokenizer_addresses: Sequence[str], inference_address: str, feed: ChangeFeed):
+    def __init__(self, tokenizer: BackendTarget, inference: BackendTarget, feed: ChangeFeed):
         self.feed = feed
-        self.tokenizers = [Backend("tokenizer", a, rpc.channel(a)) for a in tokenizer_addresses]
-        self.inference = Backend("inference", inference_address, rpc.channel(inference_address))
-        self._inf = inference_pb2_grpc.InferenceServiceStub(self.inference.channel)
+        self.tokenizers, self.tokenizer_channel = self._replicas("tokenizer", tokenizer, TOKENIZER_SERVICE)
+        self.inferences, self.inference_channel = self._replicas("inference", inference, INFERENCE_SERVICE)
+        self._inf = inference_pb2_grpc.InferenceServiceStub(self.inference_channel)
         self._tasks: list[asyncio.Task] = []
         self.warm = False        # set by the gateway after a warm-up request through every ready checkpoint
         self.warm_detail = "not warmed up yet"   # what the last warm-up did (the status stream shows it)
+        self.draining = False    # set on SIGTERM: not ready from then on
+
+    @staticmethod
+    def _replicas(service: str, target: BackendTarget, service_name: str):
+        """(the Backends watched, the channel calls go over)."""
+        if target.scheme != "grpc":
+            raise LayaError(Kind.INVALID, "--%s %s: %s:// endpoints are not served over gRPC"
+                            % (service, target.spec, target.scheme))
+        if not target.balanced:
+            b = Backend(service, target.endpoints[0], rpc.channel(target.grpc_target))
+            return [b], b.channel
+        calls = balanced_channel(target.grpc_target, service_name)
+        if not target.endpoints:   # dns:///: gRPC alone knows the replicas
+            return [Backend(service, target.spec, calls)], calls
+        return [Backend(service, e, rpc.channel(e)) for e in target.endpoints], calls
 
     def start(self) -> None:
         for b in self.tokenizers:
             self._tasks.append(asyncio.ensure_future(self._watch_health(b, TOKENIZER_SERVICE)))
-        self._tasks.append(asyncio.ensure_future(self._watch_health(self.inference, INFERENCE_SERVICE)))
-        self._tasks.append(asyncio.ensure_future(self._watch_inference_status()))
+        for b in self.inferences:
+            self._tasks.append(asyncio.ensure_future(self._watch_health(b, INFERENCE_SERVICE)))
+            self._tasks.append(asyncio.ensure_future(self._watch_inference_status(b)))
 
     @property
     def backends(self) -> list[Backend]:
-        return self.tokenizers + [self.inference]
+        return self.tokenizers + self.inferences
+
+    @property
+    def inference(self) -> Backend:
+        """The inference replica whose status stands for all (they serve one checkpoint set,
+        docs/deploy.md): a serving one that is READY, else any serving one, else the first."""
+        serving = [b for b in self.inferences if b.serving and b.status is not None]
+        ready = [b for b in serving if b.status.state == S.READY]
+        return (ready or serving or self.inferences)[0]
 
     def backends_ready(self) -> bool:
-        """Every backend serving and every checkpoint the inference service preloads is warm."""
-        if not all(b.serving for b in self.backends):
+        """At least one tokenizer replica serving, and at least one inference replica serving with
+        every checkpoint it preloads warm (every replica serves the same checkpoint set)."""
+        if not any(b.serving for b in self.tokenizers):
             return False
-        st = self.inference.status
-        return st is not None and st.state == S.READY
+        return any(b.serving and b.status is not None and b.status.state == S.READY for b in self.inferences)
 
     def ready(self) -> bool:
         """Backends ready and the gateway's own path (channels, tokenizer, decode) warmed through them."""
-        return self.warm and self.backends_ready()
+        return self.warm and not self.draining and self.backends_ready()
+
+    def not_ready_reason(self) -> str:
+        """Why `ready()` is False, in one line for GET /ready ("" when ready)."""
+        if self.draining:
+            return "draining: shutting down"
+        if not any(b.serving for b in self.tokenizers):
+            return "no tokenizer serving (%s)" % _details(self.tokenizers)
+        if not self.backends_ready():
+            def state(b):
+                if not b.serving or b.status is None:
+                    return b.detail
+                return S.State.Name(b.status.state).lower() + (": " + b.status.detail if b.status.detail else "")
+            return "no inference replica serving with its checkpoints ready (%s)" % "; ".join(
+                "%s: %s" % (b.address, state(b)) for b in self.inferences)
+        if not self.warm:
+            return "warming up: %s" % self.warm_detail
+        return ""
 
     def ready_checkpoints(self) -> list:
         st = self.inference.status
@@ -87,20 +136,21 @@ class BackendWatch:
                 self._mark(b, False, "unreachable: %s" % (e.details() or e.code().name), down=True)
             await asyncio.sleep(0.2)
 
-    async def _watch_inference_status(self) -> None:
+    async def _watch_inference_status(self, b: Backend) -> None:
+        stub = inference_pb2_grpc.InferenceServiceStub(b.channel)
         while True:
             try:
-                async for st in self._inf.WatchStatus(status_pb2.StatusRequest(heartbeat_s=2.0)):
-                    changed = self.inference.status is None or st.sequence != self.inference.status.sequence \
-                        or st.instance_id != self.inference.status.instance_id
-                    self.inference.status = st
+                async for st in stub.WatchStatus(status_pb2.StatusRequest(heartbeat_s=2.0)):
+                    changed = b.status is None or st.sequence != b.status.sequence \
+                        or st.instance_id != b.status.instance_id
+                    b.status = st
                     if changed:
                         self.feed.bump()
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError:
-                if self.inference.status is not None:
-                    self.inference.status = None
+                if b.status is not None:
+                    b.status = None
                     self.feed.bump()
             await asyncio.sleep(0.2)
 
@@ -123,3 +173,7 @@ class BackendWatch:
             if c.name == name:
                 return c
         return None
+
+
+def _details(backends: list) -> str:
+    return "; ".join("%s: %s" % (b.address, b.detail) for b in backends)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from laya_grpc.core import timing
+from laya_grpc.core import request_id, timing, tracing
 from laya_grpc.core.confidence_gate import Threshold, apply_gate
 from laya_grpc.core.decode import MODEL_TAG, add_serve_fields, decode_answer, empty_result, project_jev_strict
 from laya_grpc.core.questions import Question
@@ -35,6 +35,7 @@ class Decider:
         self.route_table = route_table
         self.settings = settings
         self._temperatures: dict[tuple, Temperatures] = {}
+        self.inflight = 0   # answers waiting on the services (a draining gateway waits for them)
 
     # -- public -------------------------------------------------------------------------------
     async def decide(self, req: DecideRequest) -> dict[str, Any]:
@@ -84,19 +85,27 @@ class Decider:
             # Upstream answers without tokenizing or running the network.
             return [empty_result()
                     for _ in states]
-        temperatures = await self._temperatures_of(checkpoint)
-        timing.mark("route")
-        encoded = await self.services.tokenize(checkpoint, list(states), questions, max_len, head_max_len)
-        timing.mark("tokenizer_hop")
-        out = await self.services.infer(checkpoint, [enc.rows for enc in encoded])
-        timing.mark("inference_hop")
+        self.inflight += 1
+        try:
+            request_id.note_checkpoint(checkpoint)
+            temperatures = await self._temperatures_of(checkpoint)
+            timing.mark("route")
+            with tracing.span("tokenize", checkpoint=checkpoint, states=len(states)):
+                encoded = await self.services.tokenize(checkpoint, list(states), questions, max_len, head_max_len)
+            timing.mark("tokenizer_hop")
+            with tracing.span("infer", checkpoint=checkpoint):
+                out = await self.services.infer(checkpoint, [enc.rows for enc in encoded])
+            timing.mark("inference_hop")
+        finally:
+            self.inflight -= 1
         results, r = [], 0
-        for enc in encoded:
-            answers = {}
-            for q in questions:
-                answers[q.qid] = decode_answer(q, out.logits[r], out.act_logits[r], temperatures)
-                r += 1
-            results.append({"model": MODEL_TAG, "answers": answers, "usage": enc.usage})
+        with tracing.span("decode"):
+            for enc in encoded:
+                answers = {}
+                for q in questions:
+                    answers[q.qid] = decode_answer(q, out.logits[r], out.act_logits[r], temperatures)
+                    r += 1
+                results.append({"model": MODEL_TAG, "answers": answers, "usage": enc.usage})
         return results
 
     async def _temperatures_of(self, checkpoint: str) -> Temperatures:

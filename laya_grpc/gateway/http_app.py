@@ -23,12 +23,13 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from laya_grpc.core import metrics
+from laya_grpc.core import request_scope
 from laya_grpc.core.errors import Kind, LayaError
 
 from laya_grpc.core import timing
 
 from .admission import Admission, read_body
+from . import deadline
 from .contract import parse_batch_body, parse_decide_body
 from .decider import Decider
 from .render import render_json
@@ -56,6 +57,14 @@ def error_response(error: LayaError) -> Response:
     if status == 500:
         _log.error("request failed: %r", error)
     return json_response({"detail": detail}, status, headers)
+
+
+def not_ready_reason(services) -> str:
+    """"" when ready, else why not (services without their own reasons give a generic one)."""
+    reason = getattr(services, "not_ready_reason", None)
+    if reason is not None:
+        return reason()
+    return "" if services.health().get("ready") else "not ready"
 
 
 def _route_path(scope) -> str:
@@ -92,7 +101,7 @@ async def _serve_direct(endpoint, scope, receive, send) -> None:
         raise
 
 
-def build_app(decider: Decider, settings: GatewaySettings):
+def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: float | None = None):
     admission = Admission(settings.max_concurrent)
     api_key = settings.api_key
     # Bytes on both sides: Starlette decodes headers as latin-1, and a str compare_digest raises
@@ -107,8 +116,16 @@ def build_app(decider: Decider, settings: GatewaySettings):
 
     def decision_route(route: str, parse: Callable, run: Callable[[Any], Awaitable[dict]]):
         async def endpoint(request: Request) -> Response:
-            with metrics.measured("http", route):
-                return await answer(request)
+            headers = request.headers
+            with request_scope.observed("http", route, headers.get("x-request-id"), headers.get("traceparent")) as scope:
+                try:
+                    response = await answer(request)
+                except LayaError as error:
+                    scope.status = error.kind.http_status
+                    response = error_response(error)
+                scope.status = scope.status or response.status_code
+                response.headers["x-request-id"] = scope.request_id
+                return response
 
         async def answer(request: Request) -> Response:
             t = timing.start() if request.headers.get(timing.REQUEST_HEADER) == "1" else None
@@ -122,7 +139,8 @@ def build_app(decider: Decider, settings: GatewaySettings):
                 timing.mark("parse")
                 t0 = time.perf_counter()
                 try:
-                    result = await run(req)
+                    with deadline.within(request_timeout_s or None):
+                        result = await run(req)
                 except LayaError:
                     raise
                 except Exception as error:  # a bug or a lost service: never leak it to the client
@@ -148,6 +166,18 @@ def build_app(decider: Decider, settings: GatewaySettings):
         payload.update(facts)
         return json_response(payload)
 
+    async def ready(request: Request) -> Response:
+        """Readiness probe: 200 only while requests can be answered, else 503 with the reason
+        (/health answers 200 with "ready": false during an outage, which a probe cannot use)."""
+        reason = not_ready_reason(decider.services)
+        if reason:
+            return json_response({"ready": False, "detail": reason}, 503)
+        return json_response({"ready": True})
+
+    async def live(request: Request) -> Response:
+        """Liveness probe: 200 while this process answers; a backend being down is no reason to restart it."""
+        return json_response(LIVENESS_ONLY)
+
     async def laya_error(request: Request, error: LayaError) -> Response:
         return error_response(error)
 
@@ -161,6 +191,8 @@ def build_app(decider: Decider, settings: GatewaySettings):
         Route("/v1/systemone", decide_endpoint, methods=["POST"]),
         Route("/v1/systemone/batch", batch_endpoint, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/live", live, methods=["GET"]),
     ]
     for route in routes:
         # Starlette implies HEAD for GET; FastAPI (upstream) does not, so HEAD /health is a 405.

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import argparse
 
-from laya_grpc.core import flags, metrics
+from laya_grpc.core import draining, flags, metrics
+from laya_grpc.core.lifecycle import add_observability_flags
+
+# Long enough for a large batch on a CPU-only inference service; short enough that the gateway does
+# not keep working for a client that has left (proxies in front commonly give up at 60 s).
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
 
 
 def add_gateway_flags(p: argparse.ArgumentParser) -> None:
@@ -19,6 +24,7 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_gateway_flags(p)
     metrics.add_flag(p, "LAYA_GATEWAY_METRICS")
+    add_observability_flags(p)
     flags.add(p, "--control", env="LAYA_GATEWAY_CONTROL", default=None, metavar="ADDRESS",
               help="a second gRPC address (unix:/path.sock) reaching this worker alone, also when several "
                    "share --grpc, to see its own readiness and status; 'serve' gives each gateway worker one "
@@ -26,11 +32,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--reuse-port", env="LAYA_GATEWAY_REUSE_PORT", action="store_true",
               help="share the --http and --grpc ports with other gateway processes (SO_REUSEPORT; "
                    "the kernel spreads connections); 'serve --gateway-workers N' sets it")
+    replicas = ("; several replicas: a comma list of HOST:PORT or unix:/path, or dns:///NAME:PORT (every address "
+                "the name resolves to, re-resolved by gRPC); calls are spread by gRPC round_robin over the "
+                "replicas that report SERVING and a call that fails UNAVAILABLE is retried once on another")
     flags.add(p, "--tokenizer", env="LAYA_TOKENIZER_ADDRESSES", append=True, default=["127.0.0.1:50053"],
-              help="tokenizer service address(es); requests are spread round-robin. "
-                   "ipc:///PATH?grpc=ADDRESS sends Tokenize calls over ZeroMQ on that unix socket (same host) "
-                   "and keeps health on the gRPC ADDRESS")
+              help="tokenizer service address" + replicas + ". ipc:///PATH?grpc=ADDRESS sends Tokenize calls over "
+                   "ZeroMQ on that unix socket (same host) and keeps health on the gRPC ADDRESS")
     flags.add(p, "--inference", env="LAYA_INFERENCE_ADDRESS", default="127.0.0.1:50052",
-              help="inference service address (ipc:///PATH?grpc=ADDRESS as for --tokenizer)")
+              help="inference service address" + replicas + "; every replica must serve the same checkpoint set "
+                   "(ipc:///PATH?grpc=ADDRESS as for --tokenizer)")
+    flags.add(p, "--request-timeout-s", env="LAYA_REQUEST_TIMEOUT_S", default=DEFAULT_REQUEST_TIMEOUT_S, type=float,
+              help="HTTP decision requests fail 408 after this many seconds; the backend calls get what is left "
+                   "as their gRPC deadline (gRPC clients set their own deadline); 0 = no limit")
+    draining.add_flag(p)
     flags.add(p, "--checkpoint", env="LAYA_CHECKPOINTS", append=True, metavar="NAME=SOURCE",
               help="the checkpoints the inference service serves (names route requests; sources show in routing.repo)")

@@ -1,45 +1,134 @@
 """`Services` over gRPC: the calls to the tokenizer and inference services.
 
-Tokenize and Infer go over one multiplexed stream per backend (core/streams.py); Infer calls of
-concurrent requests are merged first (coalesce.py). What the gateway observes of the backends
+Tokenize and Infer go over one multiplexed stream to a backend given as one endpoint
+(core/streams.py): on one host most of a unary call's cost is setting it up. A backend given as
+several replicas (a list or a dns:/// name) gets unary calls on its balanced channel instead
+(balancing.py): a stream is pinned to one replica, a unary call is balanced, health-checked and
+retried on another replica by gRPC. A backend given as `ipc://` endpoints (serve's own
+children, same host) gets its calls as ZeroMQ messages instead (core/ipc.py, `IpcReplicas`), and
+is watched over the gRPC address each endpoint names. Infer calls of concurrent requests are merged first
+(coalesce.py). Every call asks for at most the time left to its request (deadline.py). What the gateway observes of the backends
 (health, status, readiness) is `BackendWatch` (backends.py); the /health payload is health.py.
 """
 from __future__ import annotations
 
-import itertools
+import contextvars
 import json
 from typing import Any, Optional, Sequence
 
 import grpc
 import numpy as np
 
-from laya_grpc.core import ipc, rpc, streams, timing
+from laya_grpc.core import ipc, request_id, rpc, streams, timing, tracing
+from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.question_wire import question_to_text
 from laya_proto.v1 import inference_pb2, status_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
+from . import coalesce, deadline
 from .backends import BackendWatch
 from .coalesce import InferCoalescer
+from .endpoints import BackendTarget, parse_target
 from .health import health_payload
 from .services import CheckpointInfo, Encoded, InferResult
 
 S = status_pb2
+# The rows of the request whose task this is. An Infer call carries that request's deadline only
+# when it sends exactly those rows from that task: a call that merges several requests' rows runs in
+# whichever task launched it (a context copied from another request, possibly one long answered),
+# so it is bounded by infer_timeout_s and each of its requests by its own backend calls.
+_OWN_ROWS: contextvars.ContextVar = contextvars.ContextVar("laya_own_rows", default=None)
+
+
+class UnaryCalls:
+    """The StreamMux interface over plain unary calls (a balanced channel)."""
+
+    def __init__(self, method, what: str):
+        self._method, self.what = method, what
+
+    async def call(self, request, timeout: Optional[float] = None):
+        try:
+            return await self._method(request, timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            raise rpc.error_from_rpc(e, self.what) from None
+
+    async def close(self) -> None:
+        pass
+
+
+def backend_calls(balanced: bool, stream_method, unary_method, call_cls, what: str):
+    if balanced:
+        return UnaryCalls(unary_method, what)
+    return streams.StreamMux(stream_method, call_cls, what)
+
+
+def _links(target: BackendTarget) -> list:
+    """The ipc:// links of a backend given as ipc:///PATH?grpc=ADDRESS endpoints; [] for gRPC."""
+    return [ipc.Link.parse(e) for e in target.endpoints] if target.scheme == "ipc" else []
+
+
+def _watched(target: BackendTarget, links: list, flag: str) -> BackendTarget:
+    """What BackendWatch watches: for IPC links, their gRPC addresses (health, status)."""
+    return parse_target([link.grpc for link in links], flag) if links else target
+
+
+class IpcReplicas:
+    """Calls over ZeroMQ IPC to one or more replicas of a backend: they take turns among those
+    whose health reports SERVING (all of them when none does, so the error names the cause), and a
+    call refused as unavailable or busy is tried once more on another serving replica, as the gRPC
+    balanced channel does (balancing.py)."""
+
+    def __init__(self, links: list, backends: list, call_cls, reply_cls, what: str):
+        self._muxes = [ipc.IpcMux(link.ipc, call_cls, reply_cls, what) for link in links]
+        # parse_target keeps the order of unix endpoints, so backend i watches link i
+        self._backends = backends if len(backends) == len(links) else [None] * len(links)
+        self._next = 0
+
+    def _pick(self, skip: int = -1) -> int:
+        n = len(self._muxes)
+        for k in range(n):
+            i = (self._next + k) % n
+            b = self._backends[i]
+            if i != skip and (b is None or b.serving):
+                self._next = i + 1
+                return i
+        i = self._next % n
+        self._next = i + 1
+        return i
+
+    async def call(self, request, timeout: Optional[float] = None):
+        i = self._pick()
+        try:
+            return await self._muxes[i].call(request, timeout)
+        except LayaError as e:
+            if e.kind is not Kind.BUSY or len(self._muxes) == 1:
+                raise
+            j = self._pick(skip=i)
+            if j == i:
+                raise
+            return await self._muxes[j].call(request, timeout)
+
+    async def close(self) -> None:
+        for m in self._muxes:
+            await m.close()
 
 
 class RemoteServices(BackendWatch):
-    def __init__(self, tokenizer_addresses: Sequence[str], inference_address: str, feed: ChangeFeed,
+    def __init__(self, tokenizer: BackendTarget, inference: BackendTarget, feed: ChangeFeed,
                  tokenize_timeout_s: float = 30.0, infer_timeout_s: float = 600.0):
-        tok_links, inf_link = [ipc.Link.parse(a) for a in tokenizer_addresses], ipc.Link.parse(inference_address)
-        super().__init__([t.grpc for t in tok_links], inf_link.grpc, feed)
-        self._tok_calls = [ipc.call_mux(t, lambda b=b: streams.StreamMux(
-            tokenizer_pb2_grpc.TokenizerServiceStub(b.channel).TokenizeStream, tokenizer_pb2.TokenizeCall,
-            "tokenizer service"), tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply, "tokenizer service")
-            for t, b in zip(tok_links, self.tokenizers)]
-        self._rr = itertools.cycle(range(len(self.tokenizers)))
-        self._inf_call = ipc.call_mux(inf_link, lambda: streams.StreamMux(
-            self._inf.InferStream, inference_pb2.InferCall, "inference service"),
-            inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        tok_links, inf_links = _links(tokenizer), _links(inference)
+        super().__init__(_watched(tokenizer, tok_links, "--tokenizer"), _watched(inference, inf_links, "--inference"),
+                         feed)
+        tok = tokenizer_pb2_grpc.TokenizerServiceStub(self.tokenizer_channel)
+        self._tok_call = (IpcReplicas(tok_links, self.tokenizers, tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply,
+                                      "tokenizer service") if tok_links else
+                          backend_calls(tokenizer.balanced, tok.TokenizeStream, tok.Tokenize,
+                                        tokenizer_pb2.TokenizeCall, "tokenizer service"))
+        self._inf_call = (IpcReplicas(inf_links, self.inferences, inference_pb2.InferCall, inference_pb2.InferReply,
+                                      "inference service") if inf_links else
+                          backend_calls(inference.balanced, self._inf.InferStream, self._inf.Infer,
+                                        inference_pb2.InferCall, "inference service"))
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._coalescer = InferCoalescer(self._infer_call)
         self._infos: dict = {}   # name -> (config_json, CheckpointInfo)
@@ -47,10 +136,11 @@ class RemoteServices(BackendWatch):
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
-        for m in self._tok_calls + [self._inf_call]:
+        for m in (self._tok_call, self._inf_call):
             await m.close()
-        for b in self.tokenizers + [self.inference]:
-            await b.channel.close()
+        for ch in {id(c): c for c in [b.channel for b in self.backends]
+                   + [self.tokenizer_channel, self.inference_channel]}.values():
+            await ch.close()
 
     # -- Services -------------------------------------------------------------------------
     async def tokenize(self, checkpoint: str, states: Sequence[Any], questions: Sequence[Any],
@@ -63,7 +153,8 @@ class RemoteServices(BackendWatch):
             req.max_len = max_len
         if head_max_len is not None:
             req.head_max_len = head_max_len
-        resp = await self._tok_calls[next(self._rr)].call(req, self.tokenize_timeout_s)
+        req.origin.request_id, req.origin.traceparent = request_id.current_id(), tracing.traceparent()
+        resp = await self._tok_call.call(req, deadline.timeout(self.tokenize_timeout_s))
         timing.add("tokenize_server", resp.tokenize_ms)
         rows = PackedRows.from_proto(resp.rows)
         per = resp.rows_per_state
@@ -75,7 +166,11 @@ class RemoteServices(BackendWatch):
         st = self._checkpoint_status(checkpoint)
         if st is not None and st.max_row_tokens:   # refuse here: in a shared Infer call it would fail the others
             packed.check_max_len(st.max_row_tokens)   # the rest was validated when the tokenizer's reply came in
-        resp, merged, start = await self._coalescer.submit(checkpoint, packed)
+        token = _OWN_ROWS.set(packed)
+        try:
+            resp, merged, start = await self._coalescer.submit(checkpoint, packed)
+        finally:
+            _OWN_ROWS.reset(token)
         timing.add("queue_wait", resp.queue_ms)
         timing.add("model", resp.model_ms)
         flat = np.frombuffer(resp.logits, dtype="<f4")
@@ -87,15 +182,18 @@ class RemoteServices(BackendWatch):
 
     async def _infer_call(self, checkpoint: str, rows: PackedRows):
         req = inference_pb2.InferRequest(checkpoint=checkpoint)
+        for rid, tp in coalesce.origins():
+            req.origins.add(request_id=rid, traceparent=tp)
         rows.to_proto(req.rows)
-        return await self._inf_call.call(req, self.infer_timeout_s)
+        own = rows is _OWN_ROWS.get()
+        return await self._inf_call.call(req, deadline.timeout(self.infer_timeout_s) if own else self.infer_timeout_s)
 
     async def checkpoint(self, name: str) -> CheckpointInfo:
         st = self._checkpoint_status(name)
         if st is None or st.state != S.READY or not st.config_json:
             try:
                 st = await self._inf.LoadCheckpoint(inference_pb2.LoadCheckpointRequest(checkpoint=name),
-                                                    timeout=self.infer_timeout_s)
+                                                    timeout=deadline.timeout(self.infer_timeout_s))
             except grpc.aio.AioRpcError as e:
                 raise rpc.error_from_rpc(e, "inference service") from None
         cached = self._infos.get(st.name)

@@ -12,14 +12,15 @@ import sys
 
 import uvicorn
 
-from laya_grpc.core import metrics, rpc
+from laya_grpc.core import draining, metrics, rpc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_logging
+from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_observability
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import parse_checkpoint_specs
 from laya_proto.v1 import decision_pb2_grpc
 
 from .decider import Decider
+from .endpoints import parse_target, split_entries
 from .grpc_api import DecisionServicer, StatusServicer
 from .http_app import build_app
 from .listen import listen_socket, split_host_port
@@ -37,7 +38,8 @@ async def serve(args: argparse.Namespace) -> int:
     sources = parse_checkpoint_specs(args.checkpoint)
     table = RouteTable.build(sources, settings.default_model)
     feed = ChangeFeed()
-    services = RemoteServices(args.tokenizer, args.inference, feed)
+    services = RemoteServices(parse_target(args.tokenizer, "--tokenizer"), parse_target(args.inference, "--inference"),
+                              feed)
     decider = Decider(services, table, settings)
 
     grpc_server = rpc.server(reuse_port=args.reuse_port)
@@ -60,18 +62,19 @@ async def serve(args: argparse.Namespace) -> int:
     await grpc_server.start()
 
     host, port = split_host_port(args.http, "--http")
-    app = build_app(decider, settings)
+    app = build_app(decider, settings, args.request_timeout_s)
     # httptools: ~0.1 ms less gateway CPU a request than uvicorn's h11 default (docs/performance.md)
     http = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                                          lifespan="off", timeout_keep_alive=30, root_path=settings.root_path,
-                                         http="httptools"))
+                                         http="httptools", timeout_graceful_shutdown=5))
     http.install_signal_handlers = lambda: None  # we own SIGTERM/SIGINT
     services.start()
 
     readiness = asyncio.ensure_future(follow_readiness(services, feed, app, settings.api_key, hs))
     http_task = asyncio.ensure_future(http.serve(sockets=[listen_socket(host, port, args.reuse_port)]))
     log.info("gateway: http on %s:%d, grpc on %s%s, tokenizer %s, inference %s", host, port, status.address,
-             " (this worker: %s)" % control if control else "", ",".join(args.tokenizer), args.inference)
+             " (this worker: %s)" % control if control else "", ",".join(split_entries(args.tokenizer)),
+             ",".join(split_entries(args.inference)))
     stop = asyncio.Event()
     install_stop_signals(stop)
     done, _ = await asyncio.wait([asyncio.ensure_future(stop.wait()), http_task], return_when=asyncio.FIRST_COMPLETED)
@@ -81,10 +84,15 @@ async def serve(args: argparse.Namespace) -> int:
         rc = 2
     else:
         rc = 0
-    await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], False)
-    http.should_exit = True
+    # draining: not ready at once (health, /ready), then the requests in flight finish
+    services.draining = True
+    feed.bump()
     readiness.cancel()
-    await grpc_server.stop(grace=2.0)
+    await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], False)
+    if rc == 0:
+        await draining.wait_idle(args.drain_grace_s, lambda: decider.inflight, "gateway")
+    http.should_exit = True   # uvicorn closes idle connections and lets open responses finish
+    await grpc_server.stop(grace=0.5)
     if not http_task.done():
         await http_task
     await services.close()
@@ -92,7 +100,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("gateway")
+    setup_observability("gateway", args)
     try:
         return asyncio.run(serve(args))
     except LayaError as e:

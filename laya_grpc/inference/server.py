@@ -15,9 +15,9 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import flags, ipc, metrics, rpc, streams
+from laya_grpc.core import draining, flags, ipc, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_logging
+from laya_grpc.core.lifecycle import ChangeFeed, add_observability_flags, clamp_heartbeat, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.decode import softmax_f32
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokens_pb2
@@ -37,6 +37,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.registry, self.batcher, self.feed, self.settings = registry, batcher, feed, settings
         self.state, self.detail = S.STARTING, "loading checkpoints"
         self.inflight = 0
+        self._calls = {True: metrics.CALLS.labels("inference", "yes"), False: metrics.CALLS.labels("inference", "no")}
         # device and dtype of each live runner, read from its weights once (not on every response;
         # status() still reads them live); weak keys, so an evicted runner is not kept alive
         self._runner_facts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -56,6 +57,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                                   tokens_pb2.CallError, "Infer")
 
     async def infer(self, request) -> inference_pb2.InferResponse:
+        request_id.begin(",".join(o.request_id for o in request.origins))   # this call's own task
+        self._calls[self.state == S.READY].inc()
         self.inflight += 1
         try:
             async with self.registry.pinned(request.checkpoint) as slot:
@@ -72,8 +75,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         device, dtype = self._facts(runner)
         if rows.n == 0:
             return inference_pb2.InferResponse(n_act=runner.n_act, device=device, dtype=dtype)
+        call_start = time.time_ns() if tracing.enabled() else 0
         res = await self.batcher.submit(slot.name, rows)
         metrics.QUEUE_SECONDS.observe(res.queue_ms / 1e3)
+        tracing.record_batched([o.traceparent for o in request.origins], call_start, res.queue_ms, res.model_ms,
+                               checkpoint=slot.name, batch_rows=res.batch_rows, call_rows=rows.n)
         probs = [softmax_f32(lg / np.float32(slot.temps.for_question(q, len(lg))))
                  for lg, q in zip(res.logits, rows.qtypes.tolist())]
         return inference_pb2.InferResponse(
@@ -125,7 +131,7 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
     registry_ref = {}
     batcher = Batcher(lambda name: registry_ref["r"].ready_runner(name), lambda name: registry_ref["r"].slots[name].pad_id,
                       max_batch_tokens=settings.max_batch_tokens, max_batch_rows=settings.max_batch_rows,
-                      max_wait_ms=settings.max_wait_ms, keep_warm_s=settings.keep_warm_s)
+                      max_wait_ms=settings.max_wait_ms)
     registry = Registry(settings.checkpoints, settings.backend, pick, settings.dtype, settings.max_loaded,
                         settings.warmup, batcher.run_on_device, feed.bump,
                         runner_options={"max_rows": settings.max_batch_rows, "max_batch_tokens": settings.max_batch_tokens,
@@ -159,9 +165,9 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
     loading.cancel()
     servicer.state, servicer.detail = S.DRAINING, "shutting down"
     feed.bump()
-    await rpc.set_health(hs, [SERVICE_NAME], False)
-    await srv.stop(grace=2.0)
-    if calls:
+    await draining.drain(srv, hs, [SERVICE_NAME], settings.drain_grace_s,
+                         lambda: servicer.inflight + batcher.depth, "inference")
+    if calls:   # IPC calls in flight were counted in inflight, so none is cut off here
         await calls.close()
     batcher.stop()
     return 0
@@ -202,11 +208,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="address to serve on: HOST:PORT or unix:/path.sock")
     metrics.add_flag(p, "LAYA_INFERENCE_METRICS")
     ipc.add_flag(p, "LAYA_INFERENCE_IPC", "Infer")
+    draining.add_flag(p)
+    add_observability_flags(p)
     add_model_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("inference")
+    setup_observability("inference", args)
     try:
         settings = InferenceSettings.from_args(args)
     except LayaError as e:

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import flags, ipc, metrics, rpc, streams
+from laya_grpc.core import draining, flags, ipc, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
+from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.questions import parse_questions
 from laya_grpc.core.sources import open_source, parse_checkpoint_specs
@@ -57,6 +57,9 @@ def load_tokenizers(sources: dict) -> dict:
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
     def __init__(self, tokenizers: dict, pool: ThreadPoolExecutor):
         self.tokenizers, self.pool = tokenizers, pool
+        self.serving = False    # what grpc.health.v1 says (calls are counted by it)
+        self.inflight = 0       # calls running (draining waits for them)
+        self._calls = {True: metrics.CALLS.labels("tokenizer", "yes"), False: metrics.CALLS.labels("tokenizer", "no")}
 
     def _get(self, name: str) -> LoadedTokenizer:
         tok = self.tokenizers.get(name)
@@ -73,6 +76,16 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
                                   tokens_pb2.CallError, "Tokenize")
 
     async def tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
+        request_id.begin(request.origin.request_id)   # this call's own task: its log lines carry the id
+        self._calls[self.serving].inc()
+        self.inflight += 1
+        try:
+            with tracing.server_span("tokenizer.tokenize", request.origin.traceparent, checkpoint=request.checkpoint):
+                return await self._tokenize(request)
+        finally:
+            self.inflight -= 1
+
+    async def _tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
         tok = self._get(request.checkpoint)
         try:
             states = [json.loads(s) for s in request.states_json]
@@ -108,7 +121,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
 
 
 async def serve(sources: dict, address: str, threads: int, metrics_address: Optional[str] = None,
-                ipc_endpoint: Optional[str] = None) -> int:
+                ipc_endpoint: Optional[str] = None, drain_grace_s: float = draining.DEFAULT_GRACE_S) -> int:
     metrics.serve_metrics(metrics_address)
     srv = rpc.server()
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tok")
@@ -133,12 +146,13 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
         await srv.stop(0)
         return 2
     await rpc.set_health(hs, [SERVICE_NAME], True)
+    servicer.serving = True
     stop = asyncio.Event()
     install_stop_signals(stop)
     await stop.wait()
-    await rpc.set_health(hs, [SERVICE_NAME], False)
-    await srv.stop(grace=2.0)
-    if calls:
+    servicer.serving = False
+    await draining.drain(srv, hs, [SERVICE_NAME], drain_grace_s, lambda: servicer.inflight, "tokenizer")
+    if calls:   # IPC calls in flight were counted in inflight, so none is cut off here
         await calls.close()
     pool.shutdown(wait=False)
     return 0
@@ -153,13 +167,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="threads running encode_batch (the tokenizers library releases the GIL)")
     metrics.add_flag(p, "LAYA_TOKENIZER_METRICS")
     ipc.add_flag(p, "LAYA_TOKENIZER_IPC", "Tokenize")
+    draining.add_flag(p)
+    add_observability_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("tokenizer")
+    setup_observability("tokenizer", args)
     try:
         sources = parse_checkpoint_specs(args.checkpoint)
     except LayaError as e:
         print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics, args.ipc))
+    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics, args.ipc, args.drain_grace_s))
