@@ -79,10 +79,10 @@ def health_of(address: str) -> str:
 
 
 def calls(metrics_port: int, service: str, serving: str) -> float:
-    """laya_backend_calls_total{service, serving} read from a replica's /metrics."""
+    """laya_<service>_calls_total{serving} read from a replica's /metrics."""
     with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=2) as r:
         text = r.read().decode()
-    m = re.search(r'laya_backend_calls_total\{service="%s",serving="%s"\} ([0-9.e+]+)' % (service, serving), text)
+    m = re.search(r'laya_%s_calls_total\{serving="%s"\} ([0-9.e+]+)' % (service, serving), text)
     return float(m.group(1)) if m else 0.0
 
 
@@ -305,9 +305,8 @@ def test_serve_inference_replicas_survive_a_kill(tiny_ckpt):
                                                    "--tokenizer-workers", "1", "--gateway-workers", "1"]) as s:
         infs = [k for k in s.health()["services"] if k.startswith("inference@")]
         assert len(infs) == 2 and all(k.endswith(("inference-0.sock", "inference-1.sock")) for k in infs), infs
-        # serve is ready once one replica is: the survivor must be serving before the other dies
-        wait_for(lambda: all(s.health()["services"][k]["state"] == "ready" for k in infs), 60,
-                 "both inference replicas ready")
+        # serve is ready once one replica serves; the other may still be warming up
+        wait_for(lambda: all(s.health()["services"][k]["state"] == "ready" for k in infs), 60, "both replicas ready")
         body = {"state": STATES[0], "questions": QUESTIONS[0], "model": "english"}
         status, first, _ = s.post("/v1/systemone", body)
         assert status == 200

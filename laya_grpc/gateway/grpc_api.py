@@ -11,7 +11,7 @@ import json
 import time
 from typing import Any, Optional
 
-from laya_grpc.core import metrics, rpc, streams
+from laya_grpc.core import request_id, request_scope, rpc, streams
 from laya_grpc.core.controls import LONE_SURROGATE_DETAIL
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
@@ -203,30 +203,38 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     @rpc.servicer_errors
     async def Decide(self, request, context):
-        with deadline.within(context.time_remaining()):   # the client's deadline bounds the backend calls
+        with request_scope.observed("grpc", "decide", *request_id.from_metadata(context.invocation_metadata())) as scope, \
+                deadline.within(context.time_remaining()):   # the client's deadline bounds the backend calls
+            await context.send_initial_metadata(((request_id.HEADER, scope.request_id),))
             return await self._decide(request, self._denied(context))
 
     async def DecideStream(self, request_iterator, context):
         # checked once per stream; without the token every call fails 401 as a reply (aborting the
         # stream instead races the client's first write, which then sees a transport error)
         denied = self._denied(context)
-        await streams.serve_calls(request_iterator, context, lambda request: self._decide(request, denied),
+        _, traceparent = request_id.from_metadata(context.invocation_metadata())
+
+        async def one(request):   # each call is a request of its own: own id, span, access-log line
+            with request_scope.observed("grpc", "decide", None, traceparent):
+                return await self._decide(request, denied)
+        await streams.serve_calls(request_iterator, context, one,
                                   decision_pb2.DecideReply, tokens_pb2.CallError, "Decide")
 
     async def _decide(self, request, denied: Optional[LayaError]):
-        with metrics.measured("grpc", "decide"):
-            if denied is not None:
-                raise denied
-            req = parse_decide_body(_capped(decide_body(request)), self.decider.route_table, self.max_token_budget)
-            t0 = time.perf_counter()
-            result = await self.decider.decide(req)
-            resp = decision_pb2.DecideResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
-            pack_result(result, resp)
-            return resp
+        if denied is not None:
+            raise denied
+        req = parse_decide_body(_capped(decide_body(request)), self.decider.route_table, self.max_token_budget)
+        t0 = time.perf_counter()
+        result = await self.decider.decide(req)
+        resp = decision_pb2.DecideResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
+        pack_result(result, resp)
+        return resp
 
     @rpc.servicer_errors
     async def DecideBatch(self, request, context):
-        with metrics.measured("grpc", "batch"), deadline.within(context.time_remaining()):
+        with request_scope.observed("grpc", "batch", *request_id.from_metadata(context.invocation_metadata())) as scope, \
+                deadline.within(context.time_remaining()):
+            await context.send_initial_metadata(((request_id.HEADER, scope.request_id),))
             return await self._decide_batch(request, context)
 
     async def _decide_batch(self, request, context):

@@ -24,8 +24,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from laya_grpc.core import metrics
+from laya_grpc.core import metrics, request_scope
 from laya_grpc.core.errors import Kind, LayaError
+
+from laya_grpc.core import timing
 
 from .admission import Admission, read_body
 from . import deadline
@@ -150,10 +152,19 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
 
     def decision_route(route: str, parse: Callable, run: Callable[[Any], Awaitable[dict]]):
         async def endpoint(request: Request) -> Response:
-            with metrics.measured("http", route):
-                return await answer(request)
+            headers = request.headers
+            with request_scope.observed("http", route, headers.get("x-request-id"), headers.get("traceparent")) as scope:
+                try:
+                    response = await answer(request)
+                except LayaError as error:
+                    scope.status = error.kind.http_status
+                    response = error_response(error)
+                scope.status = scope.status or response.status_code
+                response.headers["x-request-id"] = scope.request_id
+                return response
 
         async def answer(request: Request) -> Response:
+            t = timing.start() if request.headers.get(timing.REQUEST_HEADER) == "1" else None
             if not authorized(request):
                 raise LayaError(Kind.UNAUTHENTICATED, UNAUTHORIZED_DETAIL)
             async with admission.slot():
@@ -162,7 +173,9 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
                                           settings.body_read_timeout)
                 except ClientDisconnect:
                     return _client_gone()
+                timing.mark("admission_body")
                 req = parse(raw, decider.route_table, settings.max_token_budget)
+                timing.mark("parse")
                 t0 = time.perf_counter()
                 try:
                     # the task until_disconnect starts copies the context: the deadline goes with it
@@ -176,8 +189,12 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
                     _log.exception("inference failed")
                     raise LayaError(Kind.INTERNAL, INTERNAL_DETAIL) from error
                 ms = "%.2f" % ((time.perf_counter() - t0) * 1000.0)
-                return json_response(result, headers={"Server-Timing": "inference;dur=" + ms,
+                resp = json_response(result, headers={"Server-Timing": "inference;dur=" + ms,
                                                       "X-Inference-Time-Ms": ms})
+                if t is not None:
+                    t.mark("render")
+                    resp.headers[timing.REQUEST_HEADER] = t.header()
+                return resp
         return endpoint
 
     async def health(request: Request) -> Response:

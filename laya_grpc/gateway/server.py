@@ -12,7 +12,7 @@ import sys
 
 from laya_grpc.core import draining, metrics, rpc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_logging
+from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_observability
 from laya_grpc.core.restart_counts import seed_backend_restarts
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import parse_checkpoint_specs
@@ -20,7 +20,7 @@ from laya_proto.v1 import decision_pb2_grpc
 
 from .admission import Admission
 from .decider import Decider
-from .endpoints import parse_target
+from .endpoints import parse_target, split_entries
 from .grpc_api import DecisionServicer, StatusServicer
 from .grpc_guards import public_server
 from .http_app import build_app
@@ -73,9 +73,8 @@ async def serve(args: argparse.Namespace) -> int:
     readiness = asyncio.ensure_future(follow_readiness(services, feed, app, settings.api_key, hs))
     http_task = asyncio.ensure_future(http.serve(sockets=[listen_socket(host, port, args.reuse_port)]))
     log.info("gateway: http on %s:%d, grpc on %s%s, tokenizer %s, inference %s", host, port, status.address,
-             " (this worker: %s)" % control if control else "", services.tokenizers[0].address
-             if len(services.tokenizers) == 1 else ",".join(b.address for b in services.tokenizers),
-             ",".join(b.address for b in services.inferences))
+             " (this worker: %s)" % control if control else "", ",".join(split_entries(args.tokenizer)),
+             ",".join(split_entries(args.inference)))
     stop = asyncio.Event()
     install_stop_signals(stop)
     done, _ = await asyncio.wait([asyncio.ensure_future(stop.wait()), http_task], return_when=asyncio.FIRST_COMPLETED)
@@ -101,7 +100,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("gateway")
+    setup_observability("gateway", args)
     try:
         return asyncio.run(serve(args))
     except LayaError as e:

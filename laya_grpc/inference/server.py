@@ -15,9 +15,9 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import draining, flags, metrics, rpc, streams
+from laya_grpc.core import draining, flags, ipc, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_logging
+from laya_grpc.core.lifecycle import ChangeFeed, add_observability_flags, clamp_heartbeat, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.decode import softmax_f32
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokens_pb2
@@ -37,7 +37,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.registry, self.batcher, self.feed, self.settings = registry, batcher, feed, settings
         self.state, self.detail = S.STARTING, "loading checkpoints"
         self.inflight = 0
-        self._calls = {True: metrics.CALLS.labels("inference", "yes"), False: metrics.CALLS.labels("inference", "no")}
+        self._calls = {True: metrics.INFERENCE_CALLS.labels("yes"), False: metrics.INFERENCE_CALLS.labels("no")}
         # device and dtype of each live runner, read from its weights once (not on every response;
         # status() still reads them live); weak keys, so an evicted runner is not kept alive
         self._runner_facts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -57,6 +57,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                                   tokens_pb2.CallError, "Infer")
 
     async def infer(self, request) -> inference_pb2.InferResponse:
+        request_id.begin(",".join(o.request_id for o in request.origins))   # this call's own task
         self._calls[self.state == S.READY].inc()
         self.inflight += 1
         try:
@@ -74,8 +75,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         device, dtype = self._facts(runner)
         if rows.n == 0:
             return inference_pb2.InferResponse(n_act=runner.n_act, device=device, dtype=dtype)
+        call_start = time.time_ns() if tracing.enabled() else 0
         res = await self.batcher.submit(slot.name, rows)
         metrics.QUEUE_SECONDS.observe(res.queue_ms / 1e3)
+        tracing.record_batched([o.traceparent for o in request.origins], call_start, res.queue_ms, res.model_ms,
+                               checkpoint=slot.name, batch_rows=res.batch_rows, call_rows=rows.n)
         probs = [softmax_f32(lg / np.float32(slot.temps.for_question(q, len(lg))))
                  for lg, q in zip(res.logits, rows.qtypes.tolist())]
         return inference_pb2.InferResponse(
@@ -115,7 +119,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             await context.write(self.snapshot())
 
 
-async def serve(settings: InferenceSettings) -> int:
+async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) -> int:
     try:
         pick = pick_device(settings.device, settings.backend, settings.require_device)
     except LayaError as e:
@@ -144,6 +148,8 @@ async def serve(settings: InferenceSettings) -> int:
         print("laya-grpc inference: cannot listen on %s: %s (address in use?)" % (settings.address, e), file=sys.stderr)
         return 2
     await srv.start()
+    calls = ipc_endpoint and ipc.IpcServer(ipc_endpoint, servicer.infer, inference_pb2.InferCall,
+                                           inference_pb2.InferReply, tokens_pb2.CallError, "Infer").start()
     batcher.start()
     # first in the device thread's queue: the CUDA context comes up while checkpoints are read and hashed
     device_init = batcher.run_on_device(lambda: init_device(pick.device, settings.backend))
@@ -161,6 +167,8 @@ async def serve(settings: InferenceSettings) -> int:
     feed.bump()
     await draining.drain(srv, hs, [SERVICE_NAME], settings.drain_grace_s,
                          lambda: servicer.inflight + batcher.depth, "inference")
+    if calls:   # IPC calls in flight were counted in inflight, so none is cut off here
+        await calls.close()
     # a forward still running ends at its next sub-forward; 1.5 s keeps the exit inside the
     # 5 s the supervisor allows after the drain grace before SIGKILL
     batcher.stop(timeout_s=1.5)
@@ -201,15 +209,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--listen", env="LAYA_INFERENCE_LISTEN", default="127.0.0.1:50052",
               help="address to serve on: HOST:PORT or unix:/path.sock")
     metrics.add_flag(p, "LAYA_INFERENCE_METRICS")
+    ipc.add_flag(p, "LAYA_INFERENCE_IPC", "Infer")
     draining.add_flag(p)
+    add_observability_flags(p)
     add_model_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("inference")
+    setup_observability("inference", args)
     try:
         settings = InferenceSettings.from_args(args)
     except LayaError as e:
         print("laya-grpc inference: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings))
+    return asyncio.run(serve(settings, args.ipc))
