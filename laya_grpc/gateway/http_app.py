@@ -210,10 +210,12 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
 
     async def ready(request: Request) -> Response:
         """Readiness probe: 200 only while requests can be answered, else 503 with the reason
-        (/health answers 200 with "ready": false during an outage, which a probe cannot use)."""
+        (/health answers 200 with "ready": false during an outage, which a probe cannot use). With a
+        key set the reason, which names backend addresses, is for callers holding the key only."""
         reason = not_ready_reason(decider.services)
         if reason:
-            return json_response({"ready": False, "detail": reason}, 503)
+            body = {"ready": False, "detail": reason} if authorized(request) else {"ready": False}
+            return json_response(body, 503)
         return json_response({"ready": True})
 
     async def live(request: Request) -> Response:
