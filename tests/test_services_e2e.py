@@ -214,7 +214,7 @@ def test_status_stream_heartbeats_and_sees_a_killed_child_come_back(stack):
     final = events[-1]
     assert final.ready, "inference did not come back: %s" % stack.log()
     inf = [s for s in final.services if s.service == "inference"][0]
-    assert inf.restarts >= 1 and all(c.state == S.READY for c in inf.checkpoints)
+    assert inf.restarts >= 1 and all(c.state == S.STATE_READY for c in inf.checkpoints)
     # the first request after the restart is served
     status, body, _ = stack.post("/v1/systemone", {"state": "ok", "questions": {"u": QUESTIONS["urgent"]}})
     assert status == 200, body
@@ -248,8 +248,8 @@ def test_watch_sees_warming_then_ready(tiny_ckpt, tiny_ml_ckpt):
         # deterministically in the on-demand test below.)
         assert events[0][0] is False, events
         assert events[-1][0] is True, events
-        assert S.READY in states
-        assert not any(x in (S.FAILED,) for x in states), (states, events)
+        assert S.STATE_READY in states
+        assert not any(x in (S.STATE_FAILED,) for x in states), (states, events)
     finally:
         s.__exit__(None, None, None)
 
@@ -280,7 +280,7 @@ def test_on_demand_checkpoint_is_prepared_and_lru_evicted(tiny_ckpt, tiny_ml_ckp
         assert status == 200 and body["routing"]["model"] == "multilingual", body
         time.sleep(0.6)
         stop.set()
-        assert ("multilingual", S.PREPARING) in seen
+        assert ("multilingual", S.STATE_PREPARING) in seen
         h = s.health()
         assert h["checkpoints"]["multilingual"]["state"] == "ready"
         assert h["checkpoints"]["english"]["state"] == "configured"

@@ -238,7 +238,7 @@ class StatusServicer(decision_pb2_grpc.StatusServiceServicer):
     def event(self, reason: str) -> decision_pb2.StatusEvent:
         ev = decision_pb2.StatusEvent(sequence=self.feed.sequence, time_unix=time.time(),
                                       ready=self.services.ready(), reason=reason)
-        ev.services.add(service="gateway", state=S.READY if ev.ready else S.STARTING,
+        ev.services.add(service="gateway", state=S.STATE_READY if ev.ready else S.STATE_STARTING,
                         detail=getattr(self.services, "warm_detail", ""),
                         instance_id=self.feed.instance_id, sequence=self.feed.sequence, time_unix=ev.time_unix,
                         started_unix=self.feed.started, address=self.address)

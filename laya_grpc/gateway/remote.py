@@ -46,7 +46,7 @@ class Backend:
     address: str
     channel: grpc.aio.Channel
     serving: bool = False
-    state: int = S.STARTING
+    state: int = S.STATE_STARTING
     detail: str = "connecting"
     downs: int = 0        # times seen going down after having served
     status: Optional[status_pb2.ServiceStatus] = None   # inference only: its latest WatchStatus
@@ -96,7 +96,7 @@ class RemoteServices:
         if not all(b.serving for b in self.backends):
             return False
         st = self.inference.status
-        return st is not None and st.state == S.READY
+        return st is not None and st.state == S.STATE_READY
 
     def ready(self) -> bool:
         """Backends ready and the gateway's own path (channels, tokenizer, decode) warmed through them."""
@@ -104,7 +104,7 @@ class RemoteServices:
 
     def ready_checkpoints(self) -> list:
         st = self.inference.status
-        return [c.name for c in st.checkpoints if c.state == S.READY] if st is not None else []
+        return [c.name for c in st.checkpoints if c.state == S.STATE_READY] if st is not None else []
 
     async def _watch_health(self, b: Backend, service: str) -> None:
         stub = health_pb2_grpc.HealthStub(b.channel)
@@ -137,7 +137,7 @@ class RemoteServices:
             await asyncio.sleep(0.2)
 
     def _mark(self, b: Backend, serving: bool, detail: str, down: bool = False) -> None:
-        state = S.READY if serving else (S.DOWN if down else S.STARTING)
+        state = S.STATE_READY if serving else (S.STATE_DOWN if down else S.STATE_STARTING)
         if b.serving and not serving:
             b.downs += 1
             log.warning("%s at %s went down: %s", b.service, b.address, detail)
@@ -184,7 +184,7 @@ class RemoteServices:
 
     async def checkpoint(self, name: str) -> CheckpointInfo:
         st = self._checkpoint_status(name)
-        if st is None or st.state != S.READY or not st.config_json:
+        if st is None or st.state != S.STATE_READY or not st.config_json:
             try:
                 st = await self._inf.LoadCheckpoint(inference_pb2.LoadCheckpointRequest(checkpoint=name),
                                                     timeout=self.infer_timeout_s)
@@ -209,7 +209,7 @@ class RemoteServices:
         """Live facts for /health (upstream's fields are filled by the HTTP app from these)."""
         st = self.inference.status
         cps = list(st.checkpoints) if st is not None else []
-        loaded = [c for c in cps if c.state == S.READY]
+        loaded = [c for c in cps if c.state == S.STATE_READY]
         devices = {c.name: c.device for c in loaded}
         actual = next(iter(devices.values()), None)
         preference = cps[0].device_requested if cps else "unknown"
@@ -222,14 +222,14 @@ class RemoteServices:
             "checkpoint_devices": devices,
             # upstream counts per-request GPU->CPU retries here; we never retry on another device
             "cpu_fallbacks": {c.name: {"count": 0, "last_reason": None} for c in loaded},
-            "checkpoints": {c.name: {"state": S.State.Name(c.state).lower(), "device": c.device, "dtype": c.dtype,
+            "checkpoints": {c.name: {"state": S.State.Name(c.state).removeprefix("STATE_").lower(), "device": c.device, "dtype": c.dtype,
                                      "backend": c.backend, "kernels": c.kernels, "rows": c.row_layout,
                                      "revision": c.revision, "sha256": c.sha256,
                                      "warmup_ms": round(c.warmup_ms, 1), "load_ms": round(c.load_ms, 1),
                                      "device_requested": c.device_requested, "device_fallback": c.device_fallback,
                                      "detail": c.detail} for c in cps},
-            "preparing": [c.name for c in cps if c.state == S.PREPARING],
-            "services": {("%s@%s" % (b.service, b.address)): {"state": S.State.Name(b.state).lower(),
+            "preparing": [c.name for c in cps if c.state == S.STATE_PREPARING],
+            "services": {("%s@%s" % (b.service, b.address)): {"state": S.State.Name(b.state).removeprefix("STATE_").lower(),
                                                               "detail": b.detail, "restarts_seen": b.downs}
                          for b in self.backends},
             "queue_depth": st.queue_depth if st is not None else 0,

@@ -35,7 +35,7 @@ S = status_pb2
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     def __init__(self, registry: Registry, batcher: Batcher, feed: ChangeFeed, settings: InferenceSettings):
         self.registry, self.batcher, self.feed, self.settings = registry, batcher, feed, settings
-        self.state, self.detail = S.STARTING, "loading checkpoints"
+        self.state, self.detail = S.STATE_STARTING, "loading checkpoints"
         self.inflight = 0
         # device and dtype of each live runner, read from its weights once (not on every response;
         # status() still reads them live); weak keys, so an evicted runner is not kept alive
@@ -155,7 +155,7 @@ async def serve(settings: InferenceSettings) -> int:
     loading = asyncio.ensure_future(_preload(servicer, registry, hs, feed, preload))
     await stop.wait()
     loading.cancel()
-    servicer.state, servicer.detail = S.DRAINING, "shutting down"
+    servicer.state, servicer.detail = S.STATE_DRAINING, "shutting down"
     feed.bump()
     await rpc.set_health(hs, [SERVICE_NAME], False)
     await srv.stop(grace=2.0)
@@ -174,7 +174,7 @@ def _log_device_init(fut: "asyncio.Future", device: str) -> None:
 
 async def _preload(servicer: InferenceServicer, registry: Registry, hs, feed: ChangeFeed, preload: list) -> None:
     """Load and warm the preloaded checkpoints; SERVING once at least one is ready."""
-    servicer.state, servicer.detail = S.LOADING, "loading %s" % ", ".join(preload)
+    servicer.state, servicer.detail = S.STATE_LOADING, "loading %s" % ", ".join(preload)
     feed.bump()
     for name in preload:
         try:
@@ -182,14 +182,14 @@ async def _preload(servicer: InferenceServicer, registry: Registry, hs, feed: Ch
         except LayaError as e:
             log.error("preload of %s failed: %s", name, e.detail)
     registry.started = True
-    ok = [n for n in preload if registry.slots[n].state == S.READY]
+    ok = [n for n in preload if registry.slots[n].state == S.STATE_READY]
     if ok:
-        servicer.state = S.READY
+        servicer.state = S.STATE_READY
         failed = [n for n in preload if n not in ok]
         servicer.detail = ("failed: %s" % ", ".join(failed)) if failed else ""
         await rpc.set_health(hs, [SERVICE_NAME], True)
     else:
-        servicer.state, servicer.detail = S.FAILED, "no checkpoint could be loaded"
+        servicer.state, servicer.detail = S.STATE_FAILED, "no checkpoint could be loaded"
     feed.bump()
 
 
