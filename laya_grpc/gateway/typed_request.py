@@ -1,0 +1,177 @@
+"""Typed gRPC requests -> the decoded `/v1/systemone` body, without JSON text in between.
+
+The body then goes through the HTTP route's own checks (`contract.parse_decide` / `parse_batch`),
+so every rule and error text is upstream's. What only the typed form can get wrong (a request
+that sets conflicting fields, a label with no value, a criterion that does not fit its question
+type) fails here with INVALID_ARGUMENT and the path of the field at fault. JSON text is parsed
+only where the value is arbitrary JSON (a structured state, structured instructions) or where
+the caller sent the whole body as `request_json`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.json_labels import label_value
+from laya_proto.v1 import decision_pb2
+
+from .admission import MAX_BODY_BYTES, TOO_LARGE_DETAIL
+
+TYPE_NAMES = {decision_pb2.QUESTION_TYPE_CHOICE: "choice", decision_pb2.QUESTION_TYPE_SCORE: "score",
+              decision_pb2.QUESTION_TYPE_NOUL: "noul"}
+_SCALAR_CONTROLS = ("model", "task", "lang", "lang_guess", "max_len", "head_max_len")
+
+
+class Body:
+    """A decoded body and whether a lone surrogate can be in it (only a JSON text's `\\u` escape
+    makes one: protobuf strings are valid UTF-8)."""
+    __slots__ = ("value", "may_hold_surrogate")
+
+    def __init__(self):
+        self.value: dict = {}
+        self.may_hold_surrogate = False
+
+    def json(self, text: str, field: str) -> Any:
+        if "\\u" in text:
+            self.may_hold_surrogate = True
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise LayaError(Kind.BAD_REQUEST, "%s is not valid JSON: %s" % (field, e), field) from None
+
+
+def _capped(req) -> None:
+    """The HTTP route's 2 MiB body cap, applied to the typed message's encoded size."""
+    if req.ByteSize() > MAX_BODY_BYTES:
+        raise LayaError(Kind.TOO_LARGE, TOO_LARGE_DETAIL)
+
+
+def _request_json(req, route: str) -> Body:
+    """The whole body sent as JSON text: nothing else may be set beside it."""
+    others = [f.name for f, _ in req.ListFields() if f.name not in ("request_json", "include_json")]
+    if others:
+        raise LayaError(Kind.BAD_REQUEST, "request_json is the whole %s body; it cannot be combined with %s"
+                        % (route, ", ".join(others)), "request_json")
+    raw = req.request_json.encode("utf-8")
+    if len(raw) > MAX_BODY_BYTES:
+        raise LayaError(Kind.TOO_LARGE, TOO_LARGE_DETAIL)
+    body = Body()
+    body.value = body.json(req.request_json, "request_json")
+    return body
+
+
+def _state(body: Body, state, field: str) -> Any:
+    which = state.WhichOneof("value")
+    if which == "text":
+        return state.text
+    if which == "json":
+        return body.json(state.json, field + ".json")
+    return None
+
+
+def _choice_criteria(q, field: str) -> Any:
+    labels = [label_value(c.label, "%s.criteria[%d].label" % (field, i)) for i, c in enumerate(q.criteria)]
+    if not any(c.HasField("description") for c in q.criteria):
+        return labels            # the list form: labels only
+    out: dict = {}               # the object form: label -> description, labels are strings there
+    for i, (label, c) in enumerate(zip(labels, q.criteria)):
+        path = "%s.criteria[%d].label" % (field, i)
+        if not isinstance(label, str):
+            raise LayaError(Kind.INVALID, "question %r: a choice criterion with a description takes a "
+                                          "string label (the /v1/systemone object form), got %r" % (q.id, label), path)
+        if label in out:
+            raise LayaError(Kind.INVALID, "question %r: choice label %d (%r) repeats an earlier label; every "
+                                          "option needs its own" % (q.id, i, label), path)
+        out[label] = c.description if c.HasField("description") else None
+    return out
+
+
+def _score_criteria(q, field: str) -> list:
+    levels = []
+    for i, c in enumerate(q.criteria):
+        if c.HasField("label"):
+            raise LayaError(Kind.INVALID, "question %r: a score level has no label (its label is its index); "
+                                          "put the level's text in description" % (q.id,),
+                            "%s.criteria[%d].label" % (field, i))
+        levels.append(c.description if c.HasField("description") else None)
+    return levels
+
+
+def _noul_criteria(q, field: str) -> dict:
+    out: dict = {}
+    for i, c in enumerate(q.criteria):
+        path = "%s.criteria[%d].label" % (field, i)
+        label = label_value(c.label, path)
+        if not isinstance(label, bool) or json.dumps(label) in out:
+            raise LayaError(Kind.INVALID, "question %r: a noul question takes at most one criterion labelled "
+                                          "bool_value true and one labelled false" % (q.id,), path)
+        out[json.dumps(label)] = c.description if c.HasField("description") else None
+    return out
+
+
+_CRITERIA = {"choice": _choice_criteria, "score": _score_criteria, "noul": _noul_criteria}
+
+
+def _questions(body: Body, questions) -> dict:
+    out: dict = {}
+    for i, q in enumerate(questions):
+        field = "questions[%d]" % i
+        if q.id in out:
+            raise LayaError(Kind.INVALID, "question id %r is given twice" % q.id, field + ".id")
+        d: dict = {}
+        t = TYPE_NAMES.get(q.type)
+        if t is not None:       # unset: the body has no type, and upstream's check says so
+            d["type"] = t
+        which = q.WhichOneof("instructions")
+        if which == "instructions_text":
+            d["instructions"] = q.instructions_text
+        elif which == "instructions_json":
+            d["instructions"] = body.json(q.instructions_json, field + ".instructions_json")
+        if len(q.criteria):
+            if t is None:
+                raise LayaError(Kind.INVALID, "question %r: criteria need a question type" % (q.id,), field + ".type")
+            d["criteria"] = _CRITERIA[t](q, field)
+        if q.HasField("labels"):
+            d["labels"] = {"false": q.labels.false_label, "true": q.labels.true_label}
+        if len(q.option_order):
+            d["option_order"] = list(q.option_order)
+        out[q.id] = d
+    return out
+
+
+def _controls(body: Body, req) -> None:
+    value = body.value
+    for name in _SCALAR_CONTROLS:
+        if req.HasField(name):
+            value[name] = getattr(req, name)
+    which = req.WhichOneof("min_confidence")
+    if which == "min_confidence_all":
+        value["min_confidence"] = req.min_confidence_all
+    elif which == "min_confidence_buckets":
+        value["min_confidence"] = dict(req.min_confidence_buckets.thresholds)
+
+
+def decide_body(req: decision_pb2.DecideRequest) -> Body:
+    """A DecideRequest -> the /v1/systemone body it stands for."""
+    if req.request_json:
+        return _request_json(req, "/v1/systemone")
+    _capped(req)
+    body = Body()
+    if req.HasField("state"):
+        body.value["state"] = _state(body, req.state, "state")
+    body.value["questions"] = _questions(body, req.questions)
+    _controls(body, req)
+    return body
+
+
+def batch_body(req: decision_pb2.DecideBatchRequest) -> Body:
+    """A DecideBatchRequest -> the /v1/systemone/batch body it stands for."""
+    if req.request_json:
+        return _request_json(req, "/v1/systemone/batch")
+    _capped(req)
+    body = Body()
+    body.value["states"] = [_state(body, s, "states[%d]" % i) for i, s in enumerate(req.states)]
+    body.value["questions"] = _questions(body, req.questions)
+    _controls(body, req)
+    return body
