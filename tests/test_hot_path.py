@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from laya_grpc.gateway.coalesce import InferCoalescer
-from laya_grpc.gateway.contract import _may_hold_lone_surrogate, load_json
+from laya_grpc.gateway.contract import may_hold_lone_surrogate, load_json
 from laya_grpc.client.answers import response_dict
 from laya_grpc.gateway.typed_answer import pack_result
 from laya_grpc.gateway.render import render_json
@@ -182,7 +182,7 @@ def test_typed_answer_is_the_http_body(criteria, strict):
                                  '{"a": "caf\u00e9"}'.encode("utf-8"), b'{"\\udc00": 1}'])
 def test_surrogate_precheck_never_hides_one(raw):
     found = has_lone_surrogate(load_json(raw))
-    assert _may_hold_lone_surrogate(raw) or not found
+    assert may_hold_lone_surrogate(raw) or not found
 
 
 def test_coalescer_calls_directly_when_idle_and_shares_under_load():

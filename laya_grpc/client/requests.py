@@ -133,8 +133,10 @@ def _fill(req, questions: Any, controls: dict) -> None:
 
 
 def _body(head: dict, controls: dict) -> str:
+    """The body as JSON text, ASCII-escaped so that any str (a lone surrogate too) travels and the
+    gateway answers it as the HTTP route does."""
     head.update({k: v for k, v in controls.items() if v is not None})
-    return json.dumps(head, ensure_ascii=False)
+    return json.dumps(head, allow_nan=True)
 
 
 def build_decide(state: Any, questions: Any, include_json: bool = False, **controls) -> decision_pb2.DecideRequest:
@@ -143,7 +145,7 @@ def build_decide(state: Any, questions: Any, include_json: bool = False, **contr
     try:
         _state(req.state, state)
         _fill(req, questions, controls)
-    except Untyped:
+    except (Untyped, ValueError):   # ValueError: a str protobuf cannot carry (a lone surrogate)
         return decision_pb2.DecideRequest(request_json=_body({"state": state, "questions": questions}, controls),
                                           include_json=include_json)
     return req
@@ -159,7 +161,7 @@ def build_batch(states: Any, questions: Any, include_json: bool = False,
         for state in states:
             _state(req.states.add(), state)
         _fill(req, questions, controls)
-    except Untyped:
+    except (Untyped, ValueError):
         return decision_pb2.DecideBatchRequest(
             request_json=_body({"states": states, "questions": questions}, controls), include_json=include_json)
     return req

@@ -63,7 +63,7 @@ class BatchRequest:
 
 
 # -- body ---------------------------------------------------------------------------------------
-def _may_hold_lone_surrogate(raw: bytes) -> bool:
+def may_hold_lone_surrogate(raw: bytes) -> bool:
     """False when json.loads(raw) cannot produce a surrogate: ASCII with no NUL bytes decodes as
     UTF-8 (no BOM, no UTF-16/32 pattern), so only a \\u escape could make one."""
     return not raw.isascii() or b"\\u" in raw or b"\x00" in raw
@@ -117,7 +117,7 @@ def _check_task(task: Any, model: Optional[str], table: RouteTable) -> None:
 # -- entry points -------------------------------------------------------------------------------
 def parse_decide_body(raw: bytes, table: RouteTable, max_token_budget: int = 8192) -> DecideRequest:
     """A `/v1/systemone` body -> DecideRequest, or LayaError with upstream's status and detail."""
-    return parse_decide(load_json(raw), table, max_token_budget, _may_hold_lone_surrogate(raw))
+    return parse_decide(load_json(raw), table, max_token_budget, may_hold_lone_surrogate(raw))
 
 
 def parse_decide(body: Any, table: RouteTable, max_token_budget: int = 8192,
@@ -140,7 +140,7 @@ def parse_decide(body: Any, table: RouteTable, max_token_budget: int = 8192,
 
 def parse_batch_body(raw: bytes, table: RouteTable, max_token_budget: int = 8192) -> BatchRequest:
     """A `/v1/systemone/batch` body -> BatchRequest, or LayaError with upstream's status and detail."""
-    return parse_batch(load_json(raw), table, max_token_budget, _may_hold_lone_surrogate(raw))
+    return parse_batch(load_json(raw), table, max_token_budget, may_hold_lone_surrogate(raw))
 
 
 def parse_batch(body: Any, table: RouteTable, max_token_budget: int = 8192,

@@ -17,6 +17,7 @@ from laya_grpc.core.json_labels import label_value
 from laya_proto.v1 import decision_pb2
 
 from .admission import MAX_BODY_BYTES, TOO_LARGE_DETAIL
+from .contract import may_hold_lone_surrogate, load_json
 
 TYPE_NAMES = {decision_pb2.QUESTION_TYPE_CHOICE: "choice", decision_pb2.QUESTION_TYPE_SCORE: "score",
               decision_pb2.QUESTION_TYPE_NOUL: "noul"}
@@ -57,7 +58,8 @@ def _request_json(req, route: str) -> Body:
     if len(raw) > MAX_BODY_BYTES:
         raise LayaError(Kind.TOO_LARGE, TOO_LARGE_DETAIL)
     body = Body()
-    body.value = body.json(req.request_json, "request_json")
+    body.value = load_json(raw)     # bytes, as the HTTP route reads them (a BOM, UTF-16, ...), its error text too
+    body.may_hold_surrogate = may_hold_lone_surrogate(raw)
     return body
 
 
