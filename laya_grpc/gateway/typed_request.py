@@ -72,12 +72,24 @@ def _state(body: Body, state, field: str) -> Any:
     return None
 
 
-def _choice_criteria(q, field: str) -> Any:
-    labels = [label_value(c.label, "%s.criteria[%d].label" % (field, i)) for i, c in enumerate(q.criteria)]
-    if not any(c.HasField("description") for c in q.criteria):
+def _label(c, field: str, i: int) -> Any:
+    which = c.label.WhichOneof("value")
+    if which is None:   # the path is formatted only on this failure (the hot path never builds one)
+        return label_value(c.label, "%s.criteria[%d].label" % (field, i))
+    return getattr(c.label, which)
+
+
+def _description(c) -> Any:
+    return c.description if c.HasField("description") else None
+
+
+def _choice_criteria(q, crit, field: str) -> Any:
+    labels = [_label(c, field, i) for i, c in enumerate(crit)]
+    descriptions = [_description(c) for c in crit]
+    if all(d is None for d in descriptions):
         return labels            # the list form: labels only
     out: dict = {}               # the object form: label -> description, labels are strings there
-    for i, (label, c) in enumerate(zip(labels, q.criteria)):
+    for i, (label, description) in enumerate(zip(labels, descriptions)):
         path = "%s.criteria[%d].label" % (field, i)
         if not isinstance(label, str):
             raise LayaError(Kind.INVALID, "question %r: a choice criterion with a description takes a "
@@ -85,30 +97,29 @@ def _choice_criteria(q, field: str) -> Any:
         if label in out:
             raise LayaError(Kind.INVALID, "question %r: choice label %d (%r) repeats an earlier label; every "
                                           "option needs its own" % (q.id, i, label), path)
-        out[label] = c.description if c.HasField("description") else None
+        out[label] = description
     return out
 
 
-def _score_criteria(q, field: str) -> list:
-    levels = []
-    for i, c in enumerate(q.criteria):
+def _score_criteria(q, crit, field: str) -> list:
+    for i, c in enumerate(crit):
         if c.HasField("label"):
             raise LayaError(Kind.INVALID, "question %r: a score level has no label (its label is its index); "
                                           "put the level's text in description" % (q.id,),
                             "%s.criteria[%d].label" % (field, i))
-        levels.append(c.description if c.HasField("description") else None)
-    return levels
+    return [_description(c) for c in crit]
 
 
-def _noul_criteria(q, field: str) -> dict:
+def _noul_criteria(q, crit, field: str) -> dict:
     out: dict = {}
-    for i, c in enumerate(q.criteria):
-        path = "%s.criteria[%d].label" % (field, i)
-        label = label_value(c.label, path)
-        if not isinstance(label, bool) or json.dumps(label) in out:
+    for i, c in enumerate(crit):
+        label = _label(c, field, i)
+        key = "true" if label is True else "false" if label is False else None
+        if key is None or key in out:
             raise LayaError(Kind.INVALID, "question %r: a noul question takes at most one criterion labelled "
-                                          "bool_value true and one labelled false" % (q.id,), path)
-        out[json.dumps(label)] = c.description if c.HasField("description") else None
+                                          "bool_value true and one labelled false" % (q.id,),
+                            "%s.criteria[%d].label" % (field, i))
+        out[key] = _description(c)
     return out
 
 
@@ -118,9 +129,9 @@ _CRITERIA = {"choice": _choice_criteria, "score": _score_criteria, "noul": _noul
 def _questions(body: Body, questions) -> dict:
     out: dict = {}
     for i, q in enumerate(questions):
-        field = "questions[%d]" % i
-        if q.id in out:
-            raise LayaError(Kind.INVALID, "question id %r is given twice" % q.id, field + ".id")
+        qid = q.id
+        if qid in out:
+            raise LayaError(Kind.INVALID, "question id %r is given twice" % qid, "questions[%d].id" % i)
         d: dict = {}
         t = TYPE_NAMES.get(q.type)
         if t is not None:       # unset: the body has no type, and upstream's check says so
@@ -129,24 +140,27 @@ def _questions(body: Body, questions) -> dict:
         if which == "instructions_text":
             d["instructions"] = q.instructions_text
         elif which == "instructions_json":
-            d["instructions"] = body.json(q.instructions_json, field + ".instructions_json")
-        if len(q.criteria):
+            d["instructions"] = body.json(q.instructions_json, "questions[%d].instructions_json" % i)
+        crit = q.criteria
+        if crit:
             if t is None:
-                raise LayaError(Kind.INVALID, "question %r: criteria need a question type" % (q.id,), field + ".type")
-            d["criteria"] = _CRITERIA[t](q, field)
+                raise LayaError(Kind.INVALID, "question %r: criteria need a question type" % (qid,),
+                                "questions[%d].type" % i)
+            d["criteria"] = _CRITERIA[t](q, crit, "questions[%d]" % i)
         if q.HasField("labels"):
             d["labels"] = {"false": q.labels.false_label, "true": q.labels.true_label}
-        if len(q.option_order):
-            d["option_order"] = list(q.option_order)
-        out[q.id] = d
+        order = q.option_order
+        if order:
+            d["option_order"] = list(order)
+        out[qid] = d
     return out
 
 
 def _controls(body: Body, req) -> None:
     value = body.value
-    for name in _SCALAR_CONTROLS:
-        if req.HasField(name):
-            value[name] = getattr(req, name)
+    for f, v in req.ListFields():     # only what is set; the typed fields keep their names in the body
+        if f.name in _SCALAR_CONTROLS:
+            value[f.name] = v
     which = req.WhichOneof("min_confidence")
     if which == "min_confidence_all":
         value["min_confidence"] = req.min_confidence_all
