@@ -17,7 +17,6 @@
    plus, once per forward (amortised over the layers in the model): the bias build (sdpa path) and
    the lengths reduction (new path). Every variant runs in its own try/except, so one failure
    hides no other. 3. The number of compiled kernel variants after all shapes (do_not_specialize).
-4. With --model DIR: the whole large model behind CUDA graphs, attn_impl "triton" against "sdpa".
 Exits 1 if a correctness case failed.
 """
 from __future__ import annotations
@@ -224,55 +223,12 @@ def specialisation_check(torch, ca) -> None:
           % (before, 9 * len(DEFAULT_TOKEN_BUCKETS), compiled_variants(ca)), flush=True)
 
 
-def whole_model(torch, ckpt_dir: str) -> None:
-    """Optional (--model DIR): the real network (`large` preset, made in DIR if missing), fp16, behind
-    the bucketed CUDA graphs as TorchRunner runs it, attn_impl "triton" against "sdpa": ms per replay
-    and the largest logit difference between the two. Needs numpy, safetensors, tokenizers too."""
-    import os
-    import time
-
-    import numpy as np
-    from benchmarks.model_speed import replay_ms, rows
-    from laya_grpc.inference.cuda_graphs import BucketPlan, CudaGraphForward
-    from laya_grpc.inference.torch_model import LayaTorch
-    from laya_grpc.cli.make_checkpoint import make_checkpoint
-    path = ckpt_dir if os.path.exists(os.path.join(ckpt_dir, "model.safetensors")) else make_checkpoint(ckpt_dir, "large")
-    model = LayaTorch.from_checkpoint(path, device="cuda", dtype=torch.float16)
-    plan = BucketPlan(max_rows=256, max_tokens=512)
-    vocab = model.spec.vocab_size
-    shapes = ((1, 137, 3), (1, 500, 5), (8, 150, 4), (64, 150, 3))
-    batches = {s: rows(np.random.default_rng(i).integers(max(2, s[1] - 40), s[1] + 1, size=s[0]), s[2], vocab, seed=i)
-               for i, s in enumerate(shapes)}
-    logits = {}
-    for impl in ("triton", "sdpa"):
-        try:
-            model.use_fused_kernels(attn_impl=impl)
-            gf = CudaGraphForward(model, torch.device("cuda:0"), plan, parallel=False)
-            for s, b in batches.items():
-                t = time.perf_counter()
-                lg, _ = gf.forward(b)
-                cap = time.perf_counter() - t
-                bk = plan.bucket(*s)
-                ms = replay_ms(torch, gf.cache.get(bk).graph, 200)
-                prev = logits.get(s)
-                diff = float(np.abs(lg - prev).max()) if prev is not None else float("nan")
-                logits[s] = lg
-                print("model %-6s rows=%-3d tokens=%-3d bucket %dx%d  %.3f ms/replay  capture %.2f s  finite %s"
-                      "  max|dlogit| vs triton %.4f" % (impl, s[0], s[1], bk.rows, bk.tokens, ms, cap,
-                                                        bool(np.isfinite(lg).all()), diff), flush=True)
-            gf.close()
-        except Exception:  # noqa: BLE001
-            print("model %s ERROR\n%s" % (impl, traceback.format_exc()), flush=True)
-
-
 def main(argv=None) -> int:
     import argparse
     import torch
     from laya_grpc.inference import cuda_attention as ca
     p = argparse.ArgumentParser(prog="python3 -m benchmarks.attention_check")
-    p.add_argument("--model", metavar="DIR", help="also time the whole large model, triton vs sdpa attention "
-                                                   "(makes a `large` checkpoint in DIR if missing)")
-    a = p.parse_args(argv)
+    p.parse_args(argv)
     if not torch.cuda.is_available():
         print("attention_check: no CUDA device")
         return 1
@@ -287,8 +243,6 @@ def main(argv=None) -> int:
         rows = timings(torch, ca)
     except Exception:  # noqa: BLE001
         traceback.print_exc()
-    if a.model:
-        whole_model(torch, a.model)
     # the table, last: per shape and layer type, microseconds per call
     names = ["new", "m32", "for-s1", "for-s2", "for-s3", "while", "while-w8", "sdpa", "bias/fwd", "lengths/fwd"]
     table = {(k, s, n): us for k, s, n, us in rows}

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# One scripted GPU session (the device machine starts bare, no network): carried wheels (.whl),
+# One scripted GPU run (the GPU machine starts bare, no network): carried wheels (.whl),
 # then the phases named in PHASES (default: check,model,bench). Results go to $OUT.
 #   check  kernels and tiny checkpoints on CUDA against CPU fp32 (benchmarks/cuda_check.py); stops on failure
 #   profile  kernel time per name in one forward; start-up cold/warm Triton cache (benchmarks/gpu_profile.py)
 #   model  model time per encoder mode, warm-set capture, parity (benchmarks/model_speed.py, large preset)
 #   bench  the side-by-side suite: upstream eager, our engine, gRPC, HTTP (`laya-grpc bench`)
+#   precision  accuracy and time per float32 part of the fused forward (benchmarks/precision_study.py)
+#   parity  the served path against upstream CPU fp32, per served dtype (laya_grpc/bench/parity.py)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/protos/gen PYTHONUNBUFFERED=1
@@ -16,6 +18,14 @@ case ",$PHASES," in *,check,*)
   python3 -m benchmarks.cuda_check --work-dir /tmp/ck 2>&1 | tee $OUT/cuda_check.txt
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "cuda_check failed: stopping"; exit 1; } ;;
 esac
+case ",$PHASES," in *,precision,*)
+  timeout ${PRECISION_TIMEOUT:-300} python3 -m benchmarks.precision_study --ckpt /tmp/lb/large --out $OUT \
+    --iters ${ITERS:-100} 2>&1 | grep -v '^{' | tee $OUT/precision_study.txt ;;
+esac
+case ",$PHASES," in *,parity,*)
+  timeout ${PARITY_TIMEOUT:-300} python3 -m laya_grpc.bench.parity --ckpt /tmp/lb/large --dtypes ${DTYPES:-auto,float32} \
+    --out $OUT/parity.jsonl 2>&1 | tail -c 6000 ;;
+esac
 case ",$PHASES," in *,wakeup,*)
   python3 -m benchmarks.wakeup -n ${WAKEUP_N:-2000} 2>&1 | tee $OUT/wakeup.txt ;;
 esac
@@ -25,7 +35,7 @@ case ",$PHASES," in *,profile,*)
 esac
 case ",$PHASES," in *,model,*)
   timeout ${MODEL_TIMEOUT:-300} python3 -m benchmarks.model_speed --ckpt /tmp/lb/large --out $OUT \
-    --iters ${ITERS:-200} --parity-rows ${PARITY_ROWS:-48} --modes ${MODES:-fused,fused-sdpa,reference} ${WARM_SET:+--warm-set} 2>&1 \
+    --iters ${ITERS:-200} --parity-rows ${PARITY_ROWS:-48} --modes ${MODES:-packed,fused,reference} ${WARM_SET:+--warm-set} 2>&1 \
     | grep -v '^{' ;;
 esac
 case ",$PHASES," in *,bench,*)

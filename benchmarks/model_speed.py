@@ -1,14 +1,12 @@
 """Model time on CUDA of the serving network behind the bucketed CUDA graphs, as TorchRunner runs
 it, per encoder mode (reference: transformers op for op; fused: the Triton kernels, attention in
-one launch a layer (cuda_attention.py), residual add + LayerNorm in one kernel; fused-addmm: the
-same with the earlier residual-in-the-GEMM addmm and nn.LayerNorm; fused-sdpa / fused-efficient:
-the earlier rope_qk + SDPA attention, torch's SDPA choice or the memory-efficient kernel; packed: fused
+one launch a layer (cuda_attention.py), residual add + LayerNorm in one kernel; packed: fused
 with the rows of a batch packed into one token stream, packing.py): weight
 load, CUDA init, capture and replay per shape, the warm set's capture time (the ready-time cost),
 parity against CPU fp32 (the bit-exact-to-upstream path), steady state, and which SDPA kernels our
 mask shapes reach.
 
-`python -m benchmarks.model_speed --ckpt DIR --out DIR [--modes fused,fused-addmm,fused-sdpa,reference]`
+`python -m benchmarks.model_speed --ckpt DIR --out DIR [--modes packed,fused,reference]`
 (makes a `large` checkpoint in DIR if it is missing). Needs only torch, numpy, safetensors,
 tokenizers and (fused) triton, so it runs on a bare GPU machine. Writes model_speed.jsonl (every
 record) and prints a summary table last.
@@ -142,17 +140,10 @@ def attention_probe(torch, rec):
 
 
 def set_mode(torch, model, mode: str) -> None:
-    from torch.nn.attention import SDPBackend
     if mode == "reference":
-        model.kernels, model.attn_backends = "reference", None
+        model.kernels = "reference"
     elif mode in ("fused", "packed"):
         model.use_fused_kernels()
-    elif mode == "fused-addmm":       # the earlier residual adds inside the Wo GEMMs + nn.LayerNorm (A/B)
-        model.use_fused_kernels(add_norm="addmm")
-    elif mode == "fused-sdpa":        # the earlier attention: rope_qk + SDPA with a bias (A/B)
-        model.use_fused_kernels(attn_impl="sdpa")
-    elif mode == "fused-efficient":
-        model.use_fused_kernels([SDPBackend.EFFICIENT_ATTENTION], attn_impl="sdpa")
     else:
         raise SystemExit("unknown mode %r" % mode)
 
@@ -239,7 +230,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--parity-rows", type=int, default=96)
-    p.add_argument("--modes", default="packed,fused,fused-addmm,fused-sdpa,reference")
+    p.add_argument("--modes", default="packed,fused,reference")
     p.add_argument("--warm-set", action="store_true", help="also time the capture of the whole warm set per mode")
     p.add_argument("--token-buckets", default=None,
                    help="comma list of token bucket sizes (default: cuda_graphs.DEFAULT_TOKEN_BUCKETS)")

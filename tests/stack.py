@@ -24,7 +24,9 @@ class Stack:
     """`with Stack({"english": dir, ...}) as s:` -> s.http (base URL), s.grpc (address)."""
 
     def __init__(self, checkpoints: dict, env: dict | None = None, extra_args: list | None = None,
-                 ready_timeout: float = 180.0, wait: bool = True):
+                 ready_timeout: float = 180.0, wait: bool = True, cwd: str = ROOT,
+                 python: list | None = None):
+        self.cwd, self.python = cwd, python or [sys.executable]
         self.checkpoints, self.env, self.extra_args = checkpoints, env or {}, extra_args or []
         self.ready_timeout, self.wait = ready_timeout, wait
         self.http_port, self.grpc_port = free_port(), free_port()
@@ -35,14 +37,14 @@ class Stack:
         self.proc = None
 
     def __enter__(self) -> "Stack":
-        argv = [sys.executable, "-m", "laya_grpc.cli", "serve", "--http", "127.0.0.1:%d" % self.http_port,
+        argv = self.python + ["-m", "laya_grpc.cli", "serve", "--http", "127.0.0.1:%d" % self.http_port,
                 "--grpc", self.grpc, "--run-dir", self.run_dir] + self.extra_args
         for name, path in self.checkpoints.items():
             argv += ["--checkpoint", "%s=%s" % (name, path)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("LAYA_")}
         env.update(self.env)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         try:
             if self.wait:
                 self.wait_ready(self.ready_timeout)

@@ -4,7 +4,7 @@ interpreter (TRITON_INTERPRET=1), the same kernel code the H200 runs.
 The kernel against the reference (RoPE through the eager ops, then SDPA with the boolean masks of
 `LayaTorch._masks`), FULL and SLIDING, padded rows, rows of length 1 (and 0), windows below and
 above L, L off the block size, head sizes 12..64; `encode_fused` with it against `encode` on real
-tokenized rows; the parallel layout and attn_impl="sdpa" still on the rope_qk + SDPA path.
+tokenized rows; the parallel layout still on the rope_qk + SDPA path.
 """
 from __future__ import annotations
 
@@ -138,9 +138,8 @@ def _spy(monkeypatch, module, name):
     return calls
 
 
-@pytest.mark.parametrize("preset,attn_impl", [("tiny", "triton"), ("tiny-ml", "triton"), ("tiny", "sdpa"),
-                                              ("tiny-par", "triton")])
-def test_encode_fused_equals_reference(preset, attn_impl, tiny_ckpt, tiny_ml_ckpt, tiny_par_ckpt, monkeypatch):
+@pytest.mark.parametrize("preset", ["tiny", "tiny-ml", "tiny-par"])
+def test_encode_fused_equals_reference(preset, tiny_ckpt, tiny_ml_ckpt, tiny_par_ckpt, monkeypatch):
     """Hidden states of every position (padded ones and a cuda_graphs-style extra row included):
     `encode_fused` against `encode` (the upstream-exact reference), fp32. The whole forward's logits
     through encode_fused are tests/test_fused_encoder.py's."""
@@ -152,14 +151,14 @@ def test_encode_fused_equals_reference(preset, attn_impl, tiny_ckpt, tiny_ml_ckp
     args = (b["input_ids"], b["attention_mask"], b.get("position_ids"), b.get("option_ids"))
     with torch.inference_mode():
         ref = model.encode(*args)
-        model.use_fused_kernels(attn_impl=attn_impl)
+        model.use_fused_kernels()
         attn_calls = _spy(monkeypatch, ca, "attention")
         rope_calls = _spy(monkeypatch, ck, "rope_qk")
         got = model.encode_fused(*args)
     n_layers = model.spec.num_layers
     assert set(model.spec.layer_types) == {FULL, SLIDING}   # both kinds of layer ran
-    # the sequential layout with "triton" is one kernel a layer; the parallel layout and "sdpa" keep rope_qk + SDPA
-    one_kernel = attn_impl == "triton" and not parallel
+    # the sequential layout is one kernel a layer; the parallel layout keeps rope_qk + SDPA
+    one_kernel = not parallel
     assert (len(attn_calls), len(rope_calls)) == ((n_layers, 0) if one_kernel else (0, n_layers))
     # a row long enough that some sliding query block skips a whole key block (the band logic runs)
     assert int(b["attention_mask"].sum(1).max()) > ca.BLOCK_N + model.spec.sliding_window + 32
@@ -168,9 +167,3 @@ def test_encode_fused_equals_reference(preset, attn_impl, tiny_ckpt, tiny_ml_ckp
     assert float(ref.std()) > 0.1            # a real spread, not a degenerate output
 
 
-def test_attn_impl_is_checked(tiny_ckpt):
-    from laya_grpc.core.errors import LayaError
-    model = LayaTorch.from_checkpoint(tiny_ckpt)
-    with pytest.raises(LayaError, match="attn_impl must be one of"):
-        model.use_fused_kernels(attn_impl="flash")
-    assert model.attn_impl == "triton"

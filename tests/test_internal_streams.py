@@ -1,10 +1,10 @@
-"""Gateway->backend calls multiplexed on one stream (TokenizeStream, InferStream; laya_grpc/streams.py).
+"""Gateway->backend calls multiplexed on one stream (TokenizeStream, InferStream; laya_grpc/core/streams.py).
 
 Against the real tokenizer and inference processes of a `serve` stack: a streamed call answers
 exactly what the unary call answers, errors keep their kind and detail and leave the stream
 serving, concurrent calls are matched to their callers, a killed backend fails the calls on its
-stream as BUSY and the next call opens a new stream; and a gateway on unary calls answers the
-same as one on streams.
+stream as BUSY and the next call opens a new stream. (The gateway always calls its backends
+this way; its answers equal upstream's in test_services_e2e.py.)
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.streams import StreamMux, UnaryCaller
+from laya_grpc.core.streams import StreamMux
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from stack import Stack
 
@@ -160,32 +160,6 @@ def test_a_call_that_gets_no_answer_times_out_and_the_caller_is_freed():
             await ch.close()
             await srv.stop(0)
     _run(main())
-
-
-def test_unary_caller_maps_errors_like_the_stream(stack):
-    async def main():
-        ch = grpc.aio.insecure_channel(_sock(stack, "tokenizer-0.sock"))
-        caller = UnaryCaller(tokenizer_pb2_grpc.TokenizerServiceStub(ch).Tokenize, "tokenizer service")
-        try:
-            with pytest.raises(LayaError) as err:
-                await caller.call(_tok_req("x", checkpoint="nope"), 30)
-            assert err.value.kind == Kind.NOT_FOUND
-        finally:
-            await ch.close()
-    _run(main())
-
-
-def test_gateway_on_unary_calls_answers_as_on_streams(stack, tiny_ckpt):
-    body = {"state": STATES[0], "questions": QUESTIONS}
-    status, streamed, _ = stack.post("/v1/systemone", body)
-    assert status == 200
-    with Stack({"english": tiny_ckpt}, env={"LAYA_GATEWAY_INTERNAL_CALLS": "unary"},
-               extra_args=["--tokenizer-workers", "1", "--gateway-workers", "1"]) as other:
-        status, unary, _ = other.post("/v1/systemone", body)
-        assert status == 200
-        assert "internal-calls unary" not in other.log()
-    for k in ("decisions", "usage"):
-        assert unary.get(k) == streamed.get(k), k
 
 
 def test_loads_under_max_loaded_never_evict_a_checkpoint_in_use(tiny_ckpt, tiny_ml_ckpt):

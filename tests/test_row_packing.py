@@ -241,7 +241,6 @@ def test_runner_and_batcher_pack_and_split_with_unchanged_answers(tiny_ckpt):
         for i in range(j.n):
             np.testing.assert_allclose(res.logits[i], lg[i, : int(j.marker_counts[i])], atol=1e-4, rtol=1e-4)
         np.testing.assert_allclose(res.act_logits, ac, atol=1e-4, rtol=1e-4)
-    # a padded batch handed to forward (benchmarks, cuda_check) takes the packed path too
-    padded = jobs[0].pad(0, pad_to=48)
-    lg, ac = runner.forward(padded)
-    np.testing.assert_allclose(lg, want[0][0], atol=1e-4, rtol=1e-4)
+    # a packing runner takes rows only: a padded batch is refused by name, never unpadded again
+    with pytest.raises(LayaError, match="call run_rows"):
+        runner.forward(jobs[0].pad(0, pad_to=48))

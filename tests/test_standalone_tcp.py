@@ -62,7 +62,7 @@ def test_http_listen_socket_gets_tcp_nodelay_connections():
     """The gateway's own HTTP socket must be IPPROTO_TCP, or asyncio leaves Nagle on for every
     accepted connection and each response waits ~40 ms for a delayed ACK."""
     import socket
-    from laya_grpc.gateway.server import listen_socket
+    from laya_grpc.gateway.listen import listen_socket
     sock = listen_socket("127.0.0.1", 0, reuse_port=True)
     try:
         assert sock.proto == socket.IPPROTO_TCP

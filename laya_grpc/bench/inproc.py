@@ -20,7 +20,7 @@ import numpy as np
 from .inputs import named_cases, random_cases
 from .stats import paired_ratio, summary_ms
 
-# Declared before anything is measured (the targets); written as the first parity record.
+# Declared before anything is measured; written as the first parity record.
 PARITY_TOL_DP = 1e-2
 PARITY_TIE_MARGIN = 0.04
 
@@ -95,10 +95,10 @@ def run_engine(a, out: Out) -> None:
     for c in cases:
         enc = pred.encoder.encode_many([c.state], _parse(c.questions))
         rows = [r for e in enc for r in e.rows]
-        batch = PackedRows.from_rows(rows).pad(pred.encoder.pad_id)
+        prows = PackedRows.from_rows(rows)
         pred.predict(c.state, c.questions)
         e2e = time_calls(lambda: pred.predict(c.state, c.questions), a.iters)
-        model = time_calls(lambda: pred.runner.forward(batch), a.iters)
+        model = time_calls(lambda: pred.runner.run_rows(prows, pred.encoder.pad_id), a.iters)
         tok = time_calls(lambda: PackedRows.from_rows(
             [r for e in pred.encoder.encode_many([c.state], _parse(c.questions)) for r in e.rows]).pad(
                 pred.encoder.pad_id), a.iters)
@@ -135,12 +135,12 @@ def idle_gaps(a, out: Out, pred, case) -> None:
         if keep > 0:
             enc = pred.encoder.encode_many([case.state], _parse(case.questions))
             from laya_grpc.core.packed_rows import PackedRows
-            b = PackedRows.from_rows([r for e in enc for r in e.rows]).pad(pred.encoder.pad_id)
+            b = PackedRows.from_rows([r for e in enc for r in e.rows])
 
             def tick():
                 while not stop.wait(keep):
                     with lock:
-                        pred.runner.forward(b)
+                        pred.runner.run_rows(b, pred.encoder.pad_id)
                         ticks[0] += 1
             th = threading.Thread(target=tick, daemon=True)
             th.start()
@@ -168,9 +168,9 @@ def parity(a, out: Out, pred) -> None:
     for c in cases:
         enc = pred.encoder.encode_many([c.state], _parse(c.questions))
         rows = [r for e in enc for r in e.rows]
-        batch = PackedRows.from_rows(rows).pad(pred.encoder.pad_id)
-        lg, act = pred.runner.forward(batch)
-        lr, actr = ref.forward(batch)
+        prows = PackedRows.from_rows(rows)
+        lg, act = pred.runner.run_rows(prows, pred.encoder.pad_id)
+        lr, actr = ref.run_rows(prows, pred.encoder.pad_id)
         for i, r in enumerate(rows):
             k = len(r.markers)
             p, q = _softmax(lg[i, :k]), _softmax(lr[i, :k])

@@ -102,7 +102,7 @@ def body(c: Case, model: str) -> dict:
 
 async def _http_worker(url, payloads, deadline, n_req, lat, codes):
     """One keep-alive HTTP/1.1 connection over bare asyncio streams. A client library (httpx cost
-    ~2 ms a request on the H200 host, measured in the session-8 run: 7.9 ms against 5.7 ms over a
+    ~2 ms a request on the H200 host, measured in an earlier H200 run: 7.9 ms against 5.7 ms over a
     bare socket) would be measured along with the server and cap the load it can offer."""
     host, _, port = url.replace("http://", "").rpartition(":")
     reader, writer = await asyncio.open_connection(host, int(port))

@@ -20,14 +20,15 @@ import time
 from laya_grpc.core import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STAGES = ("engine", "upstream", "upstream-compiled", "service")
+STAGES = ("engine", "upstream", "upstream-compiled", "service", "parity")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--smoke", env="LAYA_BENCH_SMOKE", action="store_true",
               help="tiny checkpoints, CPU, a few iterations per figure: checks the suite end to end (CI)")
-    flags.add(p, "--out", env="LAYA_BENCH_OUT", default=os.path.join(ROOT, "benchmarks", "results"),
-              help="folder for results.jsonl, report.md and the plots")
+    flags.add(p, "--out", env="LAYA_BENCH_OUT", default=os.path.join("benchmarks", "results"),
+              help="folder for results.jsonl, report.md and the plots (default: benchmarks/results under "
+                   "the current directory, never inside the installed package)")
     flags.add(p, "--work-dir", env="LAYA_BENCH_WORK_DIR", default="/tmp/laya-bench",
               help="where the random-weight checkpoints are made (reused when present)")
     flags.add(p, "--preset", env="LAYA_BENCH_PRESET", default=None,
@@ -124,6 +125,15 @@ def run(a) -> int:
         return 2
     failed = []
     for st in stages:
+        if st == "parity":            # the served path against upstream CPU fp32 (parity.py)
+            try:
+                from .parity import run_parity
+                if not run_parity(a, rec, ckpt, "english")[1]:
+                    failed.append(st)
+            except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
+                rec("parity", "error", detail="%s: %s" % (type(e).__name__, e))
+                failed.append(st)
+            continue
         if st == "service":
             try:
                 run_service(a, rec, ckpt, "english")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 
 from laya_grpc import __version__
@@ -60,10 +61,33 @@ def main(argv=None) -> int:
         module.add_arguments(parser)
     args = flags.finish(parser, parser.parse_args(argv[1:]))
     args.command = name
+    missing = missing_backend(getattr(args, "backend", None)) if name in NEEDS_BACKEND else None
+    if missing:
+        print("laya-grpc %s: %s" % (name, missing), file=sys.stderr)
+        return 2
     try:
         return int(module.run(args) or 0)
     except KeyboardInterrupt:
         return 130
+
+
+# Commands that run the network in this process: they need the chosen backend's extra.
+NEEDS_BACKEND = ("inference", "predict")
+
+
+def missing_backend(backend) -> str | None:
+    """One clear line when the `--backend` package is not installed (the base install has neither
+    torch nor mlx), checked before anything loads; None when it is importable."""
+    if backend not in ("torch", "mlx"):
+        return None
+    try:
+        found = importlib.util.find_spec(backend) is not None
+    except ImportError:
+        found = False
+    if found:
+        return None
+    return ("the %s backend is not installed; install the '%s' extra: pip install 'laya-grpc[%s]'"
+            % (backend, backend, backend))
 
 
 def _takes_name(fn) -> bool:

@@ -20,9 +20,21 @@ from laya_grpc.core import flags
 from laya_grpc.core.controls import LONE_SURROGATE_DETAIL, has_lone_surrogate, token_budget
 from laya_grpc.core.errors import Kind, LayaError
 
-EPILOG = ("Output: one compact JSON line per non-blank input line, in input order. "
-          "Exit status: 0 when every line was answered, 1 when any line got an error line, "
-          "2 on a usage or checkpoint problem.")
+EPILOG = """\
+REQUESTS.jsonl: UTF-8 text, one JSON object per line (blank lines are skipped), each a
+/v1/systemone request body:
+  {"state": "<text, or any JSON state>", "questions": {"<id>": {"type": "choice"|"score"|"noul",
+   "instructions": "...", "criteria": [...] or {...}}}, "max_len": 512, "head_max_len": 256,
+   "min_confidence": 0.6}
+state and questions are required; max_len, head_max_len and min_confidence are optional.
+Example line:
+  {"state": "The parcel arrived broken.", "questions": {"refund": {"type": "noul",
+   "instructions": "Does the customer want a refund?"}}}
+
+Output: one compact JSON line per non-blank input line, in input order: {"model", "answers",
+"usage"} as upstream Agent.predict returns, or {"error": {"line", "status", "detail"}}.
+Exit status: 0 when every line was answered, 1 when any line got an error line, 2 on a usage or
+checkpoint problem (a missing requests file is found before the model loads)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(parser, "--dtype", env="LAYA_DTYPE", default="auto",
               help="auto = float32 on CPU (exact to upstream), 16-bit on GPUs; or float32, float16, bfloat16")
     parser.add_argument("requests", metavar="REQUESTS.jsonl|-",
-                        help="file with one request body per line, or - for stdin")
+                        help="file with one request body per line (format below), or - for stdin")
 
 
 def answer_line(predictor: Any, text: bytes) -> dict:
@@ -86,10 +98,22 @@ def answer_stream(predictor: Any, lines: BinaryIO, out: TextIO, err: TextIO) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from .predictor import Predictor
     if not args.checkpoint:
         print("laya-grpc predict: --checkpoint DIR (or LAYA_CHECKPOINT) is required", file=sys.stderr)
         return 2
+    requests = sys.stdin.buffer if args.requests == "-" else None
+    if requests is None:
+        try:   # before the model loads: a typo in the path costs no load time
+            requests = open(args.requests, "rb")
+        except OSError as e:
+            print("laya-grpc predict: cannot read %s: %s" % (args.requests, e.strerror), file=sys.stderr)
+            return 2
+    with requests:
+        return _answer_all(args, requests)
+
+
+def _answer_all(args: argparse.Namespace, requests: BinaryIO) -> int:
+    from .predictor import Predictor
     t0 = time.perf_counter()
     try:
         predictor = Predictor(args.checkpoint, device=args.device, backend=args.backend, dtype=args.dtype)
@@ -101,14 +125,5 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     # Bytes in (json.loads detects UTF-8/16/32 as serve does), UTF-8 out whatever the locale says.
     out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n", write_through=True)
-    if args.requests == "-":
-        failed = answer_stream(predictor, sys.stdin.buffer, out, sys.stderr)
-    else:
-        try:
-            f = open(args.requests, "rb")
-        except OSError as e:
-            print("laya-grpc predict: cannot read %s: %s" % (args.requests, e.strerror), file=sys.stderr)
-            return 2
-        with f:
-            failed = answer_stream(predictor, f, out, sys.stderr)
+    failed = answer_stream(predictor, requests, out, sys.stderr)
     return 1 if failed else 0

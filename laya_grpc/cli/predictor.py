@@ -1,22 +1,26 @@
 """The whole decision path in one process: questions -> tokens -> network -> answers.
 
 `Predictor.predict` returns exactly what upstream laya 0.4.15's `Agent.predict` returns
-(`{"model", "answers", "usage"}`), built from the same parts the services use (questions.py,
-laya_grpc.tokenizer.encoding, inference_svc's network, decode.py), so offline runs and tests exercise
-the served code. The network backend is imported only when a Predictor is built, keeping this
-module (and decode) free of torch at import time.
+(`{"model", "answers", "usage"}`) through the gateway's own answer loop (`Decider.answer`) on
+in-process services (laya_grpc/cli/inprocess.py), so offline runs and tests exercise the served
+code. Calls run on a private event loop (no new loop per call). The network backend is imported
+only when a Predictor is built, keeping this module free of torch at import time.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Optional, Sequence
 
 from laya_grpc.core.confidence_gate import apply_gate, check_min_confidence
-from laya_grpc.core.decode import MODEL_TAG, decode_answer, empty_result
+from laya_grpc.core.decode import empty_result
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.questions import Question, parse_questions
+from laya_grpc.core.questions import parse_questions
+from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import open_source
-from laya_grpc.core.temperatures import Temperatures
+from laya_grpc.gateway.decider import Decider
+from laya_grpc.gateway.settings import GatewaySettings
+
+from .inprocess import InProcessServices
 
 BACKENDS = ("torch", "mlx")
 
@@ -24,25 +28,31 @@ BACKENDS = ("torch", "mlx")
 class Predictor:
     """One checkpoint, loaded once, answering `Agent.predict`-shaped calls."""
 
+    NAME = "checkpoint"   # its name among the in-process services
+
     def __init__(self, source: str, device: str = "cpu", backend: str = "torch",
                  dtype: Optional[str] = None):
         """`source`: a checkpoint directory or hub id (`org/repo[/sub][@rev]`), validated as the
         services validate it, so a bad checkpoint is one CheckpointError naming the file."""
         from laya_grpc.inference.devices import pick_device
         from laya_grpc.inference.runners import load_runner
-        from laya_grpc.tokenizer.encoding import TextEncoder
         if backend not in BACKENDS:
             raise LayaError(Kind.INVALID, "backend must be one of %s, got %r" % (list(BACKENDS), backend))
         self.checkpoint = open_source(source)
-        self.temperatures = Temperatures.from_config(self.checkpoint.config)
-        self.encoder = TextEncoder(self.checkpoint.tokenizer_dir, max_len=self.checkpoint.max_len,
-                                   head_max_len=self.checkpoint.head_max_len,
-                                   parallel_layout=self.checkpoint.parallel)
         # Offline there is no operator to notice a quiet CPU fallback: an absent device is an error.
         # "auto" is each runner's own default precision (fp32 on CPU and MLX, exact to upstream).
         self.runner = load_runner(self.checkpoint.path, backend, pick_device(device, backend, require=True).device,
                                   None if dtype == "auto" else dtype)
         self.device = self.runner.device()
+        services = InProcessServices()
+        self.encoder = services.add(self.NAME, self.checkpoint, self.runner)
+        # only Decider.answer is used: no routing, no serve fields, as Agent.predict answers
+        self.decider = Decider(services, RouteTable.build(), GatewaySettings())
+        self._loop = asyncio.new_event_loop()
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._loop.close()
 
     def warm(self) -> None:
         """Before the first real call: capture the CUDA graphs (as the inference service does before
@@ -90,16 +100,6 @@ class Predictor:
             apply_gate(result["answers"], threshold)
         return results
 
-    def _run(self, states: list, parsed: list[Question], max_len: Optional[int],
+    def _run(self, states: list, parsed: list, max_len: Optional[int],
              head_max_len: Optional[int]) -> list[dict[str, Any]]:
-        encoded = self.encoder.encode_many(states, parsed, max_len=max_len, head_max_len=head_max_len)
-        rows = [row for enc in encoded for row in enc.rows]
-        logits, act = self.runner.run_rows(PackedRows.from_rows(rows), self.encoder.pad_id)
-        results, r = [], 0
-        for enc in encoded:
-            answers = {}
-            for q, row in zip(parsed, enc.rows):
-                answers[q.qid] = decode_answer(q, logits[r, :len(row.markers)], act[r], self.temperatures)
-                r += 1
-            results.append({"model": MODEL_TAG, "answers": answers, "usage": enc.usage})
-        return results
+        return self._loop.run_until_complete(self.decider.answer(self.NAME, states, parsed, max_len, head_max_len))

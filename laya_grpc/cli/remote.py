@@ -13,7 +13,18 @@ from laya_proto.v1 import status_pb2
 from laya_grpc.client.client import LayaClient
 
 
+DECIDE_HELP = """Ask a running gateway one decision over gRPC (DecisionService.Decide) and print the
+answers: the checkpoint the router chose and why, each question's answer, confidence and
+probabilities, and the token usage. --json prints the /v1/systemone response instead."""
+
+WATCH_HELP = """Follow a running gateway's status stream (StatusService.Watch): readiness, each service
+and each checkpoint's state, device and warm-up. On a terminal the block updates in place; when
+output is a file or pipe, one line per change (heartbeats that change nothing print nothing), so
+logs stay readable. --json prints every event as one JSON line."""
+
+
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    p.description = DECIDE_HELP if command == "decide" else WATCH_HELP
     flags.add(p, "--address", env="LAYA_GRPC", default="127.0.0.1:50051", help="the gateway's gRPC address")
     flags.add(p, "--api-key", env="LAYA_API_KEY", default=None, help="bearer key when the gateway requires one")
     p.add_argument("--json", action="store_true", help="print JSON instead of readable text")
@@ -24,10 +35,13 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
         p.add_argument("--state-json", action="store_true", help="parse TEXT as a JSON state (object, conversation list)")
         p.add_argument("--model", default=None, help="pin a checkpoint (english, multilingual, ...)")
         p.add_argument("--lang", default=None, help="language code hint for routing")
-        p.add_argument("--timeout", type=float, default=60.0)
+        p.add_argument("--timeout", type=float, default=60.0,
+                       help="seconds to wait for the answer (a cold checkpoint may first need to load); "
+                            "past it the call fails with DEADLINE_EXCEEDED")
     else:
         p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats when nothing changes")
-        p.add_argument("--count", type=int, default=0, help="stop after this many events (0 = until interrupted)")
+        p.add_argument("--count", type=int, default=0,
+                       help="stop after this many events, heartbeats included (0 = until interrupted)")
 
 
 def _read(path: str) -> str:
@@ -92,14 +106,53 @@ def _fmt_event(ev) -> str:
     return "\n".join(lines)
 
 
+def _fmt_line(ev) -> str:
+    """One line for logs: readiness, then each service and checkpoint state (no time, no reason:
+    equal lines mean nothing changed)."""
+    S = status_pb2
+    parts = []
+    for s in ev.services:
+        cps = " ".join("%s=%s" % (c.name, S.State.Name(c.state).removeprefix("STATE_").lower()) for c in s.checkpoints)
+        parts.append("%s %s%s%s" % (s.service, S.State.Name(s.state).removeprefix("STATE_").lower(),
+                                    " restarts %d" % s.restarts if s.restarts else "", " [%s]" % cps if cps else ""))
+    return "%s seq %d | %s" % ("READY" if ev.ready else "NOT READY", ev.sequence, "; ".join(parts))
+
+
+class _Printer:
+    """Where watch output goes: a terminal block redrawn in place, or one line per change."""
+
+    def __init__(self, out, as_json: bool):
+        self.out, self.as_json = out, as_json
+        self.tty = not as_json and out.isatty()
+        self._height = 0
+        self._last = None
+
+    def show(self, ev) -> None:
+        if self.as_json:
+            from google.protobuf.json_format import MessageToDict
+            self.out.write(json.dumps(MessageToDict(ev)) + "\n")
+        elif self.tty:
+            block = _fmt_event(ev)
+            # cursor up over the previous block, clear to the end of the screen, redraw
+            self.out.write(("\x1b[%dF\x1b[J" % self._height if self._height else "") + block + "\n")
+            self._height = block.count("\n") + 1
+        else:
+            line = _fmt_line(ev)
+            if line == self._last:   # a heartbeat: nothing changed
+                return
+            self._last = line
+            self.out.write("%s %s\n" % (time.strftime("%H:%M:%S", time.localtime(ev.time_unix)), line))
+        self.out.flush()
+
+
 def _watch(args) -> int:
-    from google.protobuf.json_format import MessageToDict
     import grpc
     n = 0
+    printer = _Printer(sys.stdout, args.json)
     with LayaClient(args.address, args.api_key) as client:
         try:
             for ev in client.watch(args.heartbeat):
-                print(json.dumps(MessageToDict(ev)) if args.json else _fmt_event(ev), flush=True)
+                printer.show(ev)
                 n += 1
                 if args.count and n >= args.count:
                     return 0

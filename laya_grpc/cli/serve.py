@@ -2,7 +2,9 @@
 
 The embedded default deployment. Each service runs in its own process (text work never
 competes with the device thread for the GIL); the supervisor restarts a child that dies, and
-the gateway's status stream reports it going down and coming back.
+the gateway's status stream reports it going down and coming back. With several inference
+replicas (`--inference-replicas`, or `--device` listing several devices) the gateway balances over
+them as over remote replicas (gateway/balancing.py): a dead or restarting one gets no calls.
 """
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ import sys
 import tempfile
 import time
 
-from laya_grpc.core import flags
-from laya_grpc.core.errors import LayaError
+from laya_grpc.core import draining, flags
+from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
 from laya_grpc.core.sources import parse_checkpoint_specs
 from .supervisor import Child, FatalChildExit, Supervisor
@@ -25,7 +27,7 @@ log = logging.getLogger("laya_grpc.cli.serve")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from laya_grpc.gateway.server import add_gateway_flags
+    from laya_grpc.gateway.options import add_gateway_flags
     from laya_grpc.inference.settings import add_model_flags
     add_model_flags(p)
     add_gateway_flags(p)
@@ -34,15 +36,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--gateway-workers", env="LAYA_GATEWAY_WORKERS", default=0, type=flags.non_negative_int,
               help="gateway processes sharing the HTTP and gRPC ports (Python work per request is the "
                    "ceiling under many clients; 0 = auto: one per 4 CPUs, 1 to 4)")
+    flags.add(p, "--inference-replicas", env="LAYA_INFERENCE_REPLICAS", default=1, type=flags.positive_int,
+              help="inference processes; the gateway spreads calls over those that are SERVING, so one can die "
+                   "or restart without failing requests. With --device listing several devices (cuda:0,cuda:1) "
+                   "there is one per listed device; otherwise N share --device (each holds its own copy of "
+                   "the weights)")
     flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
               help="Prometheus metrics, one endpoint per process: gateway 0 on PORT, inference on PORT+1, "
-                   "tokenizer i on PORT+2+i, gateway j>0 after the tokenizers (off by default)")
+                   "tokenizer i on PORT+2+i, gateway j>0 after the tokenizers, inference replica k>0 after "
+                   "the gateways (off by default)")
+    draining.add_flag(p)
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
               help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
 
 
+def python_argv() -> list:
+    """How serve starts a child `laya-grpc` with a safe sys.path: the current directory is never on
+    it, so a folder holding its own `gateway/`, `clients/` or `benchmarks/` package cannot shadow
+    ours. `-P` on Python >= 3.11; on 3.10 the same by dropping sys.path[0] before the import."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", "laya_grpc.cli"]
+    return [sys.executable, "-c", "import sys; del sys.path[0]; from laya_grpc.cli.main import main; "
+                                  "sys.exit(main())"]
+
+
 def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
-    me = [sys.executable, "-m", "laya_grpc.cli"]
+    me = python_argv()
     ck = []
     for name, source in parse_checkpoint_specs(args.checkpoint).items():
         ck += ["--checkpoint", "%s=%s" % (name, source)]
@@ -50,27 +69,33 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     n_tok = args.tokenizer_workers or max(1, min(4, cpus // 4))   # ~0.6 ms of tokenizer CPU a request: 2 capped 64 clients
     n_gw = args.gateway_workers or max(1, min(4, cpus // 4))
     toks = ["unix:" + os.path.join(run_dir, "tokenizer-%d.sock" % i) for i in range(n_tok)]
-    inf = "unix:" + os.path.join(run_dir, "inference.sock")
+    devices = inference_devices(args.device, args.inference_replicas)
+    names = ["inference"] if len(devices) == 1 else ["inference-%d" % k for k in range(len(devices))]
+    infs = ["unix:" + os.path.join(run_dir, n + ".sock") for n in names]
     def metrics_at(offset: int) -> list:
         if not args.metrics:
             return []
         host, _, port = args.metrics.rpartition(":")
         return ["--metrics", "%s:%d" % (host or "127.0.0.1", int(port) + offset)]
-    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + metrics_at(2 + i))
+    grace = ["--drain-grace-s", str(args.drain_grace_s)]
+    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + grace + metrics_at(2 + i))
                 for i, t in enumerate(toks)]
-    inference = me + ["inference", "--listen", inf, "--backend", args.backend, "--device", args.device,
+    inference = me + ["inference", "--backend", args.backend,
                       "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
                       "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
-                      "--max-wait-ms", str(args.max_wait_ms), "--keep-warm-s", str(args.keep_warm_s),
-                      "--cuda-kernels", args.cuda_kernels, "--pack-rows", args.pack_rows] + ck + metrics_at(1)
+                      "--max-wait-ms", str(args.max_wait_ms),
+                      "--cuda-kernels", args.cuda_kernels, "--pack-rows", args.pack_rows] + ck + grace
     for name in args.preload or []:
         inference += ["--preload", name]
     if args.require_device is not None:
         inference += ["--require-device", str(args.require_device)]
     if args.no_warmup:
         inference.append("--no-warmup")
-    children.append(Child("inference", inference))
-    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc, "--inference", inf] + ck
+    n_gw_ports = 1 + n_tok + n_gw   # metrics offsets used by the gateways and tokenizers
+    for k, (name, inf, device) in enumerate(zip(names, infs, devices)):
+        children.append(Child(name, inference + ["--listen", inf, "--device", device]
+                              + metrics_at(1 if k == 0 else n_gw_ports + k - 1)))
+    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc, "--inference", ",".join(infs)] + ck + grace
     for t in toks:
         gw += ["--tokenizer", t]
     if n_gw > 1:
@@ -79,6 +104,18 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]
                        + metrics_at(0 if i == 0 else 1 + n_tok + i)) for i in range(n_gw)]
     return children
+
+
+def inference_devices(device: str, replicas: int) -> list:
+    """The device of each inference replica: one per device when --device lists several,
+    else `replicas` sharing the one."""
+    listed = [d.strip() for d in str(device).split(",") if d.strip()] or ["auto"]
+    if len(listed) == 1:
+        return listed * replicas
+    if replicas not in (1, len(listed)):
+        raise LayaError(Kind.INVALID, "--inference-replicas %d does not match the %d devices of --device %s "
+                        "(one replica per listed device)" % (replicas, len(listed), device))
+    return listed
 
 
 def control_address(run_dir: str, i: int) -> str:
@@ -130,15 +167,18 @@ async def serve(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         install_stop_signals(stop)
         async with Supervisor(children) as sup:
-            ready = asyncio.ensure_future(announce_ready(args.grpc, args.http, started, gateway_controls(children)))
-            stopper = asyncio.ensure_future(stop.wait())
-            done, _ = await asyncio.wait([stopper, sup.fatal], return_when=asyncio.FIRST_COMPLETED)
-            ready.cancel()
-            stopper.cancel()
-            if sup.fatal in done:
-                err = sup.fatal.exception()
-                print("laya-grpc serve: %s; stopping (see the message above)" % err, file=sys.stderr)
-                return err.code if isinstance(err, FatalChildExit) else 1
+            try:
+                ready = asyncio.ensure_future(announce_ready(args.grpc, args.http, started, gateway_controls(children)))
+                stopper = asyncio.ensure_future(stop.wait())
+                done, _ = await asyncio.wait([stopper, sup.fatal], return_when=asyncio.FIRST_COMPLETED)
+                ready.cancel()
+                stopper.cancel()
+                if sup.fatal in done:
+                    err = sup.fatal.exception()
+                    print("laya-grpc serve: %s; stopping (see the message above)" % err, file=sys.stderr)
+                    return err.code if isinstance(err, FatalChildExit) else 1
+            finally:   # SIGTERM to every child; each drains for up to --drain-grace-s before it is killed
+                await sup.close(grace_s=args.drain_grace_s + 5.0)
         return 0
     finally:
         if own_dir:
@@ -149,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging("serve")
     try:
         parse_checkpoint_specs(args.checkpoint)
+        inference_devices(args.device, args.inference_replicas)
     except LayaError as e:
         print("laya-grpc serve: %s" % e.detail, file=sys.stderr)
         return 2

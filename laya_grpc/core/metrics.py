@@ -32,6 +32,11 @@ BATCH_ROWS = Histogram("laya_inference_batch_rows", "Rows (state x question) per
 QUEUE_DEPTH = Gauge("laya_inference_queue_rows", "Rows waiting for the device")
 CHECKPOINT_READY = Gauge("laya_inference_checkpoint_ready", "1 when the checkpoint is loaded and warm", ["checkpoint"])
 
+# tokenizer and inference replicas
+CALLS = Counter("laya_backend_calls_total", "Tokenize and Infer calls this replica received, by whether it reported "
+                "SERVING when each arrived (calls while not serving mean a client ignored its health)",
+                ["service", "serving"])
+
 # tokenizer
 TOKENIZE_JOBS = Histogram("laya_tokenizer_jobs_per_batch", "Requests sharing one encode_batch call",
                           buckets=(1, 2, 4, 8, 16, 32, 64))

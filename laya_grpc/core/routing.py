@@ -13,6 +13,8 @@ state (`langdetect.analyse`) > the table's default.
 """
 from __future__ import annotations
 
+import logging
+
 import os
 import re
 from dataclasses import dataclass, field
@@ -20,6 +22,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from .errors import Kind, LayaError
 from .langdetect import analyse
+
+log = logging.getLogger("laya_grpc.core.routing")
 
 # Upstream ships the three checkpoints in one Hub repo; `routing.repo` shows `repo/subfolder`.
 BUNDLE_REPO = "convaiinnovations/laya"
@@ -164,6 +168,9 @@ def resolve_model(model_field: Any, table: RouteTable) -> Optional[str]:
         if _names_a_source(text):
             raise LayaError(Kind.INVALID, "%s, or omit model to let the router choose"
                             % error.detail) from None
+        # upstream's answer (auto-route) stays the contract; a misspelling must not pass unseen
+        log.warning("request names unknown model %r; auto-routing as upstream does (this server knows: %s)",
+                    text, ", ".join(sorted(table.sources)))
         return None
 
 

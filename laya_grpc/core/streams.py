@@ -155,29 +155,3 @@ class StreamMux:
             self._reader.cancel()
         if self._stream is not None and not self._stream.done():
             self._stream.cancel()
-
-
-class UnaryCaller:
-    """The same interface over plain unary calls (`--internal-calls unary`: A/B runs, and peers
-    that predate the stream methods)."""
-
-    def __init__(self, method: Callable, what: str):
-        self._method, self.what = method, what
-
-    async def call(self, request, timeout: Optional[float] = None):
-        try:
-            return await self._method(request, timeout=timeout)
-        except grpc.aio.AioRpcError as e:
-            raise rpc.error_from_rpc(e, self.what) from None
-
-    async def close(self) -> None:
-        pass
-
-
-def caller(kind: str, stub, unary: str, stream: str, call_cls, what: str):
-    """`kind` "stream" (default) or "unary": how the gateway calls one backend method."""
-    if kind == "stream":
-        return StreamMux(getattr(stub, stream), call_cls, what)
-    if kind == "unary":
-        return UnaryCaller(getattr(stub, unary), what)
-    raise LayaError(Kind.INVALID, "internal calls must be stream or unary, got %r" % (kind,))

@@ -25,19 +25,23 @@ from .services import Services
 from .settings import GatewaySettings
 
 
-
 class Decider:
+    """Routes, answers and finishes requests on any `Services`: `RemoteServices` (gRPC, the gateway)
+    or the in-process one (`laya_grpc.cli.inprocess`, `laya-grpc predict` and contract tests)."""
+
     def __init__(self, services: Services, route_table: RouteTable, settings: GatewaySettings):
         self.services = services
         self.route_table = route_table
         self.settings = settings
         self._temperatures: dict[tuple, Temperatures] = {}
+        self.inflight = 0   # answers waiting on the services (a draining gateway waits for them)
 
     # -- public -------------------------------------------------------------------------------
     async def decide(self, req: DecideRequest) -> dict[str, Any]:
         """One state: upstream's `/v1/systemone` response dict."""
         decision = self._route(req.state, req.raw_questions, req.controls)
-        [result] = await self._answer(decision.model, [req.state], req.questions, req.controls)
+        [result] = await self.answer(decision.model, [req.state], req.questions, req.controls.max_len,
+                                     req.controls.head_max_len)
         return self._finish(result, decision, req.controls.min_confidence)
 
     async def decide_batch(self, req: BatchRequest) -> dict[str, Any]:
@@ -54,8 +58,8 @@ class Decider:
             groups.setdefault(decision.model, []).append(i)
         results: list[Optional[dict]] = [None] * len(req.states)
         for name, indices in groups.items():
-            answered = await self._answer(name, [req.states[i] for i in indices], req.questions,
-                                          req.controls)
+            answered = await self.answer(name, [req.states[i] for i in indices], req.questions,
+                                         req.controls.max_len, req.controls.head_max_len)
             for i, result in zip(indices, answered):
                 results[i] = self._finish(result, decisions[i], req.controls.min_confidence)
         return {"results": results,
@@ -68,17 +72,22 @@ class Decider:
                      task=controls.task, lang=controls.lang, lang_guess=controls.lang_guess,
                      auto_task=self.settings.auto_task)
 
-    async def _answer(self, checkpoint: str, states: Sequence[Any], questions: list[Question],
-                      controls: Controls) -> list[dict[str, Any]]:
-        """`Agent.predict_batch` for states routed to one checkpoint (before the gate)."""
+    async def answer(self, checkpoint: str, states: Sequence[Any], questions: list[Question],
+                     max_len: Optional[int] = None, head_max_len: Optional[int] = None) -> list[dict[str, Any]]:
+        """`Agent.predict_batch` for states routed to one checkpoint, before the min_confidence gate:
+        `{"model", "answers", "usage"}` per state. The one answer loop: the services' routes and
+        the in-process `Predictor` (laya_grpc/cli/predictor.py) both end here."""
         if not questions:
             # Upstream answers without tokenizing or running the network.
             return [empty_result()
                     for _ in states]
-        temperatures = await self._temperatures_of(checkpoint)
-        encoded = await self.services.tokenize(checkpoint, list(states), questions,
-                                               controls.max_len, controls.head_max_len)
-        out = await self.services.infer(checkpoint, [enc.rows for enc in encoded])
+        self.inflight += 1
+        try:
+            temperatures = await self._temperatures_of(checkpoint)
+            encoded = await self.services.tokenize(checkpoint, list(states), questions, max_len, head_max_len)
+            out = await self.services.infer(checkpoint, [enc.rows for enc in encoded])
+        finally:
+            self.inflight -= 1
         results, r = [], 0
         for enc in encoded:
             answers = {}

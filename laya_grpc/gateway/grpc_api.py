@@ -17,6 +17,7 @@ from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
 
+from . import deadline
 from .contract import parse_batch, parse_decide
 from .decider import Decider
 from .http_app import UNAUTHORIZED_DETAIL
@@ -49,7 +50,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     @rpc.servicer_errors
     async def Decide(self, request, context):
-        return await self._decide(request, self._denied(context))
+        with deadline.within(context.time_remaining()):   # the client's deadline bounds the backend calls
+            return await self._decide(request, self._denied(context))
 
     async def DecideStream(self, request_iterator, context):
         # checked once per stream; without the token every call fails 401 as a reply (aborting the
@@ -74,7 +76,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     @rpc.servicer_errors
     async def DecideBatch(self, request, context):
-        with metrics.measured("grpc", "batch"):
+        with metrics.measured("grpc", "batch"), deadline.within(context.time_remaining()):
             self._auth(context)
             body = batch_body(request)
             req = parse_batch(body.value, self.decider.route_table, self.max_token_budget, body.may_hold_surrogate)

@@ -27,6 +27,7 @@ from laya_grpc.core import metrics
 from laya_grpc.core.errors import Kind, LayaError
 
 from .admission import Admission, read_body
+from . import deadline
 from .contract import parse_batch_body, parse_decide_body
 from .decider import Decider
 from .render import render_json
@@ -54,6 +55,14 @@ def error_response(error: LayaError) -> Response:
     if status == 500:
         _log.error("request failed: %r", error)
     return json_response({"detail": detail}, status, headers)
+
+
+def not_ready_reason(services) -> str:
+    """"" when ready, else why not (services without their own reasons give a generic one)."""
+    reason = getattr(services, "not_ready_reason", None)
+    if reason is not None:
+        return reason()
+    return "" if services.health().get("ready") else "not ready"
 
 
 def _route_path(scope) -> str:
@@ -90,7 +99,7 @@ async def _serve_direct(endpoint, scope, receive, send) -> None:
         raise
 
 
-def build_app(decider: Decider, settings: GatewaySettings):
+def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: float | None = None):
     admission = Admission(settings.max_concurrent)
     api_key = settings.api_key
     # Bytes on both sides: Starlette decodes headers as latin-1, and a str compare_digest raises
@@ -117,7 +126,8 @@ def build_app(decider: Decider, settings: GatewaySettings):
                 req = parse(raw, decider.route_table, settings.max_token_budget)
                 t0 = time.perf_counter()
                 try:
-                    result = await run(req)
+                    with deadline.within(request_timeout_s or None):
+                        result = await run(req)
                 except LayaError:
                     raise
                 except Exception as error:  # a bug or a lost service: never leak it to the client
@@ -139,6 +149,18 @@ def build_app(decider: Decider, settings: GatewaySettings):
         payload.update(facts)
         return json_response(payload)
 
+    async def ready(request: Request) -> Response:
+        """Readiness probe: 200 only while requests can be answered, else 503 with the reason
+        (/health answers 200 with "ready": false during an outage, which a probe cannot use)."""
+        reason = not_ready_reason(decider.services)
+        if reason:
+            return json_response({"ready": False, "detail": reason}, 503)
+        return json_response({"ready": True})
+
+    async def live(request: Request) -> Response:
+        """Liveness probe: 200 while this process answers; a backend being down is no reason to restart it."""
+        return json_response(LIVENESS_ONLY)
+
     async def laya_error(request: Request, error: LayaError) -> Response:
         return error_response(error)
 
@@ -152,6 +174,8 @@ def build_app(decider: Decider, settings: GatewaySettings):
         Route("/v1/systemone", decide_endpoint, methods=["POST"]),
         Route("/v1/systemone/batch", batch_endpoint, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/live", live, methods=["GET"]),
     ]
     for route in routes:
         # Starlette implies HEAD for GET; FastAPI (upstream) does not, so HEAD /health is a 405.

@@ -1,9 +1,10 @@
 """What the gateway needs from the tokenizer and inference services.
 
-The HTTP and gRPC front ends only see this interface; `laya_grpc.gateway.remote.RemoteServices`
-implements it over gRPC (unix sockets in `laya-grpc serve`, TCP across hosts).
-Types on this boundary are the tokenizer's `EncodedState`/`Row` and numpy arrays, so the
-gateway never imports torch or mlx.
+The decision logic (`Decider`) only sees this interface. Two implementations:
+`laya_grpc.gateway.remote.RemoteServices` over gRPC (unix sockets in `laya-grpc serve`, TCP
+across hosts), and `laya_grpc.cli.inprocess.InProcessServices` with the tokenizer and the network
+in the calling process (`laya-grpc predict`, `Predictor`, contract tests without processes).
+Types on this boundary are `PackedRows` and numpy arrays, so the gateway never imports torch or mlx.
 """
 from __future__ import annotations
 
@@ -11,6 +12,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
+
+from laya_grpc.core.packed_rows import PackedRows
+
+
+@dataclass
+class Encoded:
+    """One state as tokenized: its rows in question order and upstream's usage block."""
+    rows: PackedRows
+    usage: dict
 
 
 @dataclass
@@ -31,8 +41,8 @@ class CheckpointInfo:
 
 class Services(Protocol):
     async def tokenize(self, checkpoint: str, states: Sequence[Any], questions: Sequence[Any],
-                       max_len: int | None, head_max_len: int | None) -> list[Any]:
-        """One EncodedState per state (rows in question order, upstream's usage block)."""
+                       max_len: int | None, head_max_len: int | None) -> list[Encoded]:
+        """One Encoded per state (rows in question order, upstream's usage block)."""
 
     async def infer(self, checkpoint: str, rows: Sequence[Any]) -> InferResult:
         """Forward the rows of every state (`[encoded.rows for encoded in tokenize(...)]`), in order;

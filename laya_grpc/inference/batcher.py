@@ -7,8 +7,6 @@ next batch forms as soon as the device frees); `max_wait_ms` adds a short one fo
 The budget counts tokens as the runner will really run them (packed: the real tokens rounded to a
 token bucket; padded: rows x longest, rounded to its CUDA graph buckets), so a batch never lands in
 a shape that was not captured during warmup.
-`keep_warm_s` > 0 re-runs the last real row after that much idle time, so the GPU does not
-clock down between sparse requests (see docs/performance.md for what it costs and buys).
 All framework work stays on this thread (MLX requires it; torch releases the GIL in kernels).
 """
 from __future__ import annotations
@@ -19,7 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 
@@ -57,17 +55,10 @@ class _Call:
     future: asyncio.Future
 
 
-@dataclass
-class _KeepWarm:
-    """One discarded forward of a real row's shape, after keep_warm_s of quiet."""
-    checkpoint: str
-    rows: PackedRows
-
-
 class Batcher:
     def __init__(self, get_runner: Callable[[str], object], pad_id_of: Callable[[str], int], *,
                  max_batch_tokens: int = 16384, max_batch_rows: int = 256, max_wait_ms: float = 0.0,
-                 length_multiple: int = 8, keep_warm_s: float = 0.0):
+                 length_multiple: int = 8):
         self._get_runner = get_runner
         self._pad_id_of = pad_id_of
         self.max_batch_tokens = max_batch_tokens
@@ -78,9 +69,6 @@ class Batcher:
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="laya-device", daemon=True)
-        self.keep_warm_s = keep_warm_s
-        self._last: Optional[tuple[str, PackedRows]] = None   # (checkpoint, one real row) for keep-warm
-        self.keep_warm_runs = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -128,14 +116,10 @@ class Batcher:
         return getattr(runner, "batch_cost", lambda rows, longest, total: rows * longest)
 
     def _take(self):
-        """The next unit of work: [_Call], [_KeepWarm], a list of _Job for one forward, or [] to stop."""
+        """The next unit of work: [_Call], a list of _Job for one forward, or [] to stop."""
         with self._cv:
             while not self._queue and not self._stop:
-                if self.keep_warm_s > 0 and self._last is not None:
-                    if not self._cv.wait(timeout=self.keep_warm_s) and not self._queue and not self._stop:
-                        return [_KeepWarm(*self._last)]
-                else:
-                    self._cv.wait()
+                self._cv.wait()
             if self._stop:
                 return []
             first = self._queue.popleft()
@@ -177,23 +161,10 @@ class Batcher:
             if isinstance(jobs[0], _Call):
                 self._run_call(jobs[0])
                 continue
-            if isinstance(jobs[0], _KeepWarm):
-                self._keep_warm(jobs[0])
-                continue
             jobs = [j for j in jobs if not j.future.cancelled()]
             if not jobs:
                 continue
             self._run_batch(jobs)
-
-    def _keep_warm(self, job: _KeepWarm) -> None:
-        """One discarded forward of a real row's shape: keeps the GPU clocked up while idle."""
-        try:
-            runner = self._get_runner(job.checkpoint)
-            runner.run_rows(job.rows, self._pad_id_of(job.checkpoint))
-            self.keep_warm_runs += 1
-        except LayaError as e:       # evicted or failed meanwhile: stop until the next real request
-            log.info("keep-warm skipped: %s", e.detail)
-            self._last = None
 
     def _run_call(self, job: _Call) -> None:
         try:
@@ -248,8 +219,6 @@ class Batcher:
         metrics.FORWARD_SECONDS.labels(jobs[0].checkpoint).observe(model_ms / 1e3)
         metrics.BATCH_ROWS.observe(rows.n)
         metrics.QUEUE_DEPTH.set(self.depth)
-        if self.keep_warm_s > 0:
-            self._last = (jobs[0].checkpoint, jobs[0].rows.take([0]))
 
 
 def _set_result(fut: asyncio.Future, value) -> None:

@@ -11,7 +11,7 @@ Here it is one launch that:
   16-bit cos/sin tables, position = index within the row, the rotated values rounded to the storage
   dtype before the dot products, as transformers' apply_rotary_pos_emb + `.to(dtype)` round them);
 - computes softmax(q k^T * scale + mask) v with an online (flash-style) softmax in fp32, tl.dot with
-  fp32 accumulation (fp32 storage: input_precision="ieee"), the probabilities rounded to the
+  fp32 accumulation (fp32 storage: 3xTF32, `dot_precision`), the probabilities rounded to the
   storage dtype before the p @ v product (as flash kernels do);
 - builds the masks in the kernel from per-row lengths (`attention_mask.sum(1)`, int32 on the device,
   computed once per forward: no host sync) and the layer type, the same sets as
@@ -64,7 +64,7 @@ def _kernel():
     @triton.jit
     def _key_block(qkv_ptr, cos_ptr, sin_ptr, q, acc, m_i, l_i, n0, row0, h, offs_m, offs_d, d_ok, rot_d, sign,
                    L, n_keys, window, qk_scale, H: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SLIDING: tl.constexpr, IEEE: tl.constexpr, rope):
+                   SLIDING: tl.constexpr, PREC: tl.constexpr, rope):
         """One BLOCK_N block of keys: rotate k, scores, mask, online-softmax update of (acc, m, l)."""
         STRIDE: tl.constexpr = 3 * H * HD
         dt = qkv_ptr.dtype.element_ty
@@ -84,10 +84,7 @@ def _kernel():
         # other=0: a masked key's weight is exactly 0, and 0 * (uninitialised memory) could be NaN
         v = tl.load(k_base + H * HD + offs_d[None, :], mask=km, other=0.0)
 
-        if IEEE:
-            sc = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            sc = tl.dot(q, tl.trans(k))
+        sc = tl.dot(q, tl.trans(k), input_precision=PREC)
         sc = sc * qk_scale                           # log2 domain: softmax via exp2
         ok = (offs_n < n_keys)[None, :]
         if SLIDING:
@@ -98,10 +95,7 @@ def _kernel():
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p.to(dt), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(dt), v)
+        pv = tl.dot(p.to(dt), v, input_precision=PREC)
         acc = acc * alpha[:, None] + pv
         return acc, m_new, l_i
 
@@ -114,7 +108,7 @@ def _kernel():
                          L, window, qk_scale, rope,
                          H: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         SLIDING: tl.constexpr, IEEE: tl.constexpr, FOR_LOOP: tl.constexpr,
+                         SLIDING: tl.constexpr, PREC: tl.constexpr, FOR_LOOP: tl.constexpr,
                          VARLEN: tl.constexpr):
         HALF: tl.constexpr = HD // 2
         STRIDE: tl.constexpr = 3 * H * HD           # one token's row of qkv
@@ -181,7 +175,7 @@ def _kernel():
             for n0 in range(lo, hi, BLOCK_N):
                 acc, m_i, l_i = _key_block(qkv_ptr, cos_ptr, sin_ptr, q, acc, m_i, l_i, n0, row0, h, offs_m, offs_d,
                                            d_ok, rot_d, sign, L, n_keys, window, qk_scale,
-                                           H, HD, BLOCK_N, SLIDING, IEEE, rope)
+                                           H, HD, BLOCK_N, SLIDING, PREC, rope)
         else:
             # the same loop as a while: Triton's CPU interpreter cannot take a runtime bound in range()
             # (its scalars are 1-element numpy arrays, which numpy 2 refuses as an index)
@@ -189,7 +183,7 @@ def _kernel():
             while n0 < hi:
                 acc, m_i, l_i = _key_block(qkv_ptr, cos_ptr, sin_ptr, q, acc, m_i, l_i, n0, row0, h, offs_m, offs_d,
                                            d_ok, rot_d, sign, L, n_keys, window, qk_scale,
-                                           H, HD, BLOCK_N, SLIDING, IEEE, rope)
+                                           H, HD, BLOCK_N, SLIDING, PREC, rope)
                 n0 += BLOCK_N
 
         l_i = tl.where(l_i > 0.0, l_i, 1.0)          # only rows i >= L (never stored) can have no key
@@ -207,6 +201,17 @@ def available() -> tuple[bool, str]:
     except Exception as e:  # noqa: BLE001 - reported to the operator, never swallowed
         return False, "triton unavailable: %s: %s" % (type(e).__name__, e)
     return True, ""
+
+
+def dot_precision(dtype):
+    """tl.dot's input_precision for this storage dtype. float32 (`--dtype float32`, and the decision
+    head's attention): 3xTF32 on the GPU, float32-accurate (~2^-21 relative) on the tensor cores,
+    where "ieee" runs on the CUDA cores; Triton's interpreter computes in float32 whatever is asked,
+    so it gets "ieee". 16-bit inputs: None, Triton's default (fp16/bf16 tensor cores, fp32 accumulation)."""
+    import torch
+    if dtype != torch.float32:
+        return None
+    return "ieee" if _interpreted() else "tf32x3"
 
 
 def _interpreted() -> bool:
@@ -259,7 +264,7 @@ def attention(qkv, cos, sin, lengths, B: int, L: int, heads: int, window: int, s
     kernel[grid](qkv, cos, sin, lengths, lengths, lengths, lengths, out, L, int(window) if sliding else 0,
                  float(scale) * _LOG2E, 1,
                  H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-                 SLIDING=bool(sliding), IEEE=qkv.dtype == torch.float32,
+                 SLIDING=bool(sliding), PREC=dot_precision(qkv.dtype),
                  FOR_LOOP=(loop or ("while" if _interpreted() else "for")) == "for",
                  VARLEN=False, num_warps=num_warps, num_stages=stages)
     return out
@@ -299,7 +304,7 @@ def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int
     kernel[grid](qkv, cos, sin, lengths, starts, blk_seg, blk_m0, out, 0, int(window) if sliding else 0,
                  float(scale) * _LOG2E, int(bool(rope)),
                  H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                 SLIDING=bool(sliding), IEEE=qkv.dtype == torch.float32,
+                 SLIDING=bool(sliding), PREC=dot_precision(qkv.dtype),
                  FOR_LOOP=not _interpreted(), VARLEN=True,
                  num_warps=num_warps, num_stages=stages)
     return out

@@ -1,4 +1,4 @@
-"""Three Triton kernels that collapse the encoder's elementwise chains on CUDA.
+"""Triton kernels that collapse the encoder's elementwise chains on CUDA.
 
 Why: behind CUDA graphs a short request is launch-bound (~30 kernels a layer x 28 layers, ~3 ms
 on an H200 against a ~0.2 ms memory floor). RoPE alone is ~14 of those kernels (fp32 casts,
@@ -12,7 +12,11 @@ Here each is one pass:
 - `add_layer_norm`: the residual add and the LayerNorm after it (x += o in place, y = LN(x)), one
   pass instead of a residual-in-the-GEMM `addmm` (cuBLAS copies x into its output first, a DtoD
   memcpy per GEMM) plus a LayerNorm launch. It also rounds as `encode` does: the GEMM output to the
-  dtype, then the add, where addmm rounded once. `layer_norm` is the same kernel with no `o`.
+  dtype, then the add, where addmm rounded once. `layer_norm` is the same kernel with no `o`. The
+  residual x may be float32 while o and y are 16-bit: the residual stream then never rounds to 16
+  bits (what keeps the served answers close to CPU fp32, docs/precision.md);
+- `split_fp16`: a float32 activation as a pair of fp16 halves (hi, lo) for the tensor-core GEMMs of
+  split_gemm.py, which keep float32 accuracy at fp16 speed.
 
 Triton imports lazily: on a host without it `available()` says why, and the CPU tests run these
 same kernels through Triton's interpreter (TRITON_INTERPRET=1, tests/test_fused_encoder.py).
@@ -119,6 +123,7 @@ def available() -> tuple[bool, str]:
     try:
         _kernels()
         _norm_kernel()
+        _split_kernel()
     except Exception as e:  # noqa: BLE001 - reported to the operator, never swallowed
         return False, "triton unavailable: %s: %s" % (type(e).__name__, e)
     return True, ""
@@ -153,15 +158,14 @@ def gelu_gate(x):
     return out
 
 
-def _norm_launch(x, o, weight, eps: float):
+def _norm_launch(x, o, weight, eps: float, out_dtype=None):
     import torch
     triton, kernel = _norm_kernel()
     n, d = x.shape
-    if not x.is_contiguous() or weight.shape != (d,) or (o is not None and (o.shape != x.shape or o.dtype != x.dtype
-                                                                             or not o.is_contiguous())):
-        raise ValueError("add_layer_norm: x, o contiguous [N, d] of one dtype, weight [d]; got %s %s %s"
+    if not x.is_contiguous() or weight.shape != (d,) or (o is not None and (o.shape != x.shape or not o.is_contiguous())):
+        raise ValueError("add_layer_norm: x, o contiguous [N, d], weight [d]; got %s %s %s"
                          % (tuple(x.shape), None if o is None else (tuple(o.shape), o.dtype), tuple(weight.shape)))
-    y = torch.empty_like(x)
+    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     block = triton.next_power_of_2(d)
     rows = max(1, 1024 // block)
     # ~1024 elements a program, 4 warps: 8 per thread, 16-byte loads at fp16 (d = 1024: one row)
@@ -170,13 +174,52 @@ def _norm_launch(x, o, weight, eps: float):
     return y
 
 
-def add_layer_norm(x, o, weight, eps: float):
+def add_layer_norm(x, o, weight, eps: float, out_dtype=None):
     """(x, y): x += o in place (rounded to x's dtype, as the eager `x + o`), y = layer_norm(x, (d,),
-    weight, None, eps) in a new buffer. x, o: [N, d] contiguous, one dtype; weight: [d]; fp32 maths."""
-    return x, _norm_launch(x, o, weight, eps)
+    weight, None, eps) in a new buffer of `out_dtype` (default x's). x, o: [N, d] contiguous, each of
+    any float dtype (the residual stream x is float32 on CUDA, o a 16-bit or float32 GEMM output);
+    weight: [d]; fp32 maths."""
+    return x, _norm_launch(x, o, weight, eps, out_dtype)
 
 
-def layer_norm(x, weight, eps: float):
-    """layer_norm(x, (d,), weight, None, eps) for x [N, d] contiguous: `add_layer_norm` with no o
-    (x is only read)."""
-    return _norm_launch(x, None, weight, eps)
+def layer_norm(x, weight, eps: float, out_dtype=None):
+    """layer_norm(x, (d,), weight, None, eps) for x [N, d] contiguous, into `out_dtype` (default x's):
+    `add_layer_norm` with no o (x is only read)."""
+    return _norm_launch(x, None, weight, eps, out_dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def _split_kernel():
+    import triton
+    import triton.language as tl
+
+    # n_rows changes with every CUDA-graph bucket: not specialised (one compiled variant per width)
+    @triton.jit(do_not_specialize=["n_rows"])
+    def split_kernel(x_ptr, out_ptr, n_rows, k, BLOCK: tl.constexpr, TERMS: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = c < k
+        x = tl.load(x_ptr + r * k + c, mask=m, other=0.0).to(tl.float32)
+        hi = x.to(tl.float16)
+        lo = (x - hi.to(tl.float32)).to(tl.float16)       # exact difference, rounded once to fp16
+        row = out_ptr + r * (TERMS * k)
+        tl.store(row + c, hi, mask=m)
+        tl.store(row + k + c, lo, mask=m)
+        if TERMS == 3:
+            tl.store(row + 2 * k + c, hi, mask=m)
+
+    return triton, split_kernel
+
+
+def split_fp16(x, terms: int):
+    """x [N, K] float32 (contiguous) -> [N, terms*K] float16: [hi | lo] (terms 2) or [hi | lo | hi]
+    (terms 3), hi = fp16(x), lo = fp16(x - hi), so hi + lo carries ~22 bits of x's 24 (split_gemm.py)."""
+    import torch
+    triton, kernel = _split_kernel()
+    n, k = x.shape
+    if terms not in (2, 3) or not x.is_contiguous():
+        raise ValueError("split_fp16: contiguous [N, K] input and 2 or 3 terms; got %s, %r" % (tuple(x.shape), terms))
+    out = torch.empty((n, terms * k), dtype=torch.float16, device=x.device)
+    block = min(1024, triton.next_power_of_2(k))
+    kernel[(n, triton.cdiv(k, block))](x, out, n, k, BLOCK=block, TERMS=terms)
+    return out

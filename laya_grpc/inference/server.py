@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import flags, metrics, rpc, streams
+from laya_grpc.core import draining, flags, metrics, rpc, streams
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_logging
 from laya_grpc.core.packed_rows import PackedRows
@@ -37,6 +37,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.registry, self.batcher, self.feed, self.settings = registry, batcher, feed, settings
         self.state, self.detail = S.STATE_STARTING, "loading checkpoints"
         self.inflight = 0
+        self._calls = {True: metrics.CALLS.labels("inference", "yes"), False: metrics.CALLS.labels("inference", "no")}
         # device and dtype of each live runner, read from its weights once (not on every response;
         # status() still reads them live); weak keys, so an evicted runner is not kept alive
         self._runner_facts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -56,6 +57,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                                   tokens_pb2.CallError, "Infer")
 
     async def infer(self, request) -> inference_pb2.InferResponse:
+        self._calls[self.state == S.STATE_READY].inc()
         self.inflight += 1
         try:
             async with self.registry.pinned(request.checkpoint) as slot:
@@ -125,7 +127,7 @@ async def serve(settings: InferenceSettings) -> int:
     registry_ref = {}
     batcher = Batcher(lambda name: registry_ref["r"].ready_runner(name), lambda name: registry_ref["r"].slots[name].pad_id,
                       max_batch_tokens=settings.max_batch_tokens, max_batch_rows=settings.max_batch_rows,
-                      max_wait_ms=settings.max_wait_ms, keep_warm_s=settings.keep_warm_s)
+                      max_wait_ms=settings.max_wait_ms)
     registry = Registry(settings.checkpoints, settings.backend, pick, settings.dtype, settings.max_loaded,
                         settings.warmup, batcher.run_on_device, feed.bump,
                         runner_options={"max_rows": settings.max_batch_rows, "max_batch_tokens": settings.max_batch_tokens,
@@ -157,8 +159,8 @@ async def serve(settings: InferenceSettings) -> int:
     loading.cancel()
     servicer.state, servicer.detail = S.STATE_DRAINING, "shutting down"
     feed.bump()
-    await rpc.set_health(hs, [SERVICE_NAME], False)
-    await srv.stop(grace=2.0)
+    await draining.drain(srv, hs, [SERVICE_NAME], settings.drain_grace_s,
+                         lambda: servicer.inflight + batcher.depth, "inference")
     batcher.stop()
     return 0
 
@@ -197,6 +199,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--listen", env="LAYA_INFERENCE_LISTEN", default="127.0.0.1:50052",
               help="address to serve on: HOST:PORT or unix:/path.sock")
     metrics.add_flag(p, "LAYA_INFERENCE_METRICS")
+    draining.add_flag(p)
     add_model_flags(p)
 
 

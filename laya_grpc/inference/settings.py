@@ -24,9 +24,9 @@ class InferenceSettings:
     warmup: bool = True
     heartbeat_s: float = 2.0
     metrics: str | None = None
-    keep_warm_s: float = 0.0
     cuda_kernels: str = "auto"
     pack_rows: str = "auto"
+    drain_grace_s: float = 20.0    # --drain-grace-s (core/draining.py)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "InferenceSettings":
@@ -35,8 +35,8 @@ class InferenceSettings:
                    device=device, dtype=a.dtype, require_device=require, max_loaded=a.max_loaded,
                    preload=list(a.preload or []), max_batch_tokens=a.max_batch_tokens,
                    max_batch_rows=a.max_batch_rows, max_wait_ms=a.max_wait_ms, warmup=not a.no_warmup,
-                   metrics=getattr(a, "metrics", None), keep_warm_s=a.keep_warm_s,
-                   cuda_kernels=a.cuda_kernels, pack_rows=a.pack_rows)
+                   metrics=getattr(a, "metrics", None), cuda_kernels=a.cuda_kernels, pack_rows=a.pack_rows,
+                   drain_grace_s=getattr(a, "drain_grace_s", cls.drain_grace_s))
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -63,7 +63,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
               help="auto picks CUDA, then MPS, then CPU; or cpu, cuda, cuda:N, mps (mlx: gpu or cpu)")
     flags.add(p, "--dtype", env="LAYA_DTYPE", default="auto",
               help="auto = float32 on CPU (exact to upstream), float16 on CUDA and MPS (the checkpoint's stored "
-                   "precision; bfloat16 missed the parity tolerance on an H200); or float32, float16, bfloat16")
+                   "precision, with the residual stream, LayerNorms and heads kept in float32; bfloat16 missed the parity "
+                   "tolerance on an H200); or float32, float16, bfloat16. float32 on CUDA is a supported exact mode "
+                   "(split-fp16 tensor-core GEMMs: max |dp| 0.0001 against CPU fp32, docs/precision.md)")
     flags.add(p, "--require-device", env="LAYA_REQUIRE_DEVICE", nargs="?", const="yes", metavar="DEVICE",
               help="exit non-zero if the device is unavailable instead of falling back to CPU; alone it requires "
                    "--device, with a value (e.g. --require-device gpu, --require-device cuda:1) it requires that one")
@@ -77,9 +79,6 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
               help="rows (state x question) per forward pass")
     flags.add(p, "--max-wait-ms", env="LAYA_MAX_WAIT_MS", default=0.0, type=float,
               help="extra time to wait for more requests before a forward; 0 = batch only what queued while busy")
-    flags.add(p, "--keep-warm-s", env="LAYA_KEEP_WARM_S", default=0.0, type=float,
-              help="after this many idle seconds, re-run the last row so the GPU does not clock down; "
-                   "0 = off. Measured on an H200 it did not pay (docs/performance.md); costs one forward per period")
     flags.add(p, "--cuda-kernels", env="LAYA_CUDA_KERNELS", default="auto", choices=["auto", "fused", "reference"],
               help="CUDA only: the encoder inside the CUDA graphs. fused (auto's pick when Triton works) runs RoPE and "
                    "the GELU gate as one Triton kernel each and adds residuals in the GEMMs, about a third of the "

@@ -137,14 +137,8 @@ class LayaTorch(nn.Module):
         # "reference" follows transformers op for op (CPU fp32: bit-exact to upstream); "fused"
         # is `encode_fused`, the CUDA path (use_fused_kernels)
         self.kernels = "reference"
-        self.attn_backends: list | None = None   # SDPA backends for encode_fused; None = torch's choice
-        # encode_fused's attention in the sequential layout: "triton" (cuda_attention.py, one launch a
-        # layer) or "sdpa" (rope_qk + SDPA with a bias, the earlier path, kept for A/B measurement);
-        # the parallel layout always takes "sdpa"
-        self.attn_impl = "triton"
-        # encode_fused's residual adds and norms: "triton" (cuda_kernels.add_layer_norm, add + norm in
-        # one launch) or "addmm" (residual inside the Wo GEMMs, nn.LayerNorm; the earlier path, for A/B)
-        self.add_norm = "triton"
+        self.precision = None       # a precision.Precision once the fused kernels run
+        self._split: dict = {}      # id(nn.Linear or head attention) -> split_gemm.SplitLinear
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -155,7 +149,8 @@ class LayaTorch(nn.Module):
 
         `dtype=None` reproduces upstream's CPU load: encoder in the dtype its config declares
         (float32 unless `encoder/config.json` says otherwise), head and scorers in float32.
-        An explicit dtype puts every parameter in it (the accelerator policy, devices.py).
+        An explicit dtype puts the encoder and the decision head in it (the accelerator policy,
+        devices.py); the scorer and the act head stay float32 (a few rows a request: precision.py).
         """
         ckpt_dir = os.fspath(getattr(ckpt, "path", ckpt))
         spec = read_net_spec(ckpt_dir)
@@ -165,6 +160,8 @@ class LayaTorch(nn.Module):
         rest_dtype = torch.float32 if dtype is None else dtype
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         dtypes = {k: enc_dtype if k.startswith("encoder.") else rest_dtype for k in expected}
+        # the scorer and the act head read a few rows a request: float32 always (precision.py)
+        dtypes.update({k: torch.float32 for k in expected if k.startswith(("scorer.", "act_head."))})
         dtypes["temperature"] = torch.float32
         tensors = load_weights(os.path.join(ckpt_dir, "model.safetensors"), expected, dtypes, device)
         model.load_state_dict(tensors, strict=True, assign=True)
@@ -220,19 +217,36 @@ class LayaTorch(nn.Module):
 
     # -- forward -----------------------------------------------------------------------------
 
-    def use_fused_kernels(self, attn_backends: list | None = None, attn_impl: str = "triton",
-                          add_norm: str = "triton") -> None:
-        """Run `encode_fused` from now on (Triton kernels: cuda_kernels.py, cuda_attention.py).
+    def use_fused_kernels(self, precision=None) -> None:
+        """Run `encode_fused` from now on (Triton kernels: cuda_kernels.py, cuda_attention.py), keeping
+        float32 where `precision` says (default: precision.Precision.for_weights, what serving runs)."""
+        from .precision import Precision
+        from .split_gemm import SplitLinear
+        weight = self.encoder.embeddings.tok_embeddings.weight
+        p = precision or Precision.for_weights(weight.dtype, weight.device.type)
+        split = {}
+        if p.split_head and self.head is not None:
+            for layer in self.head.layers:
+                sa = layer.self_attn
+                split[id(sa)] = SplitLinear(sa.in_proj_weight, sa.in_proj_bias)
+                for lin in (sa.out_proj, layer.linear1, layer.linear2):
+                    split[id(lin)] = SplitLinear(lin.weight, lin.bias)
+        if p.split_encoder:
+            for layer in self.encoder.layers:
+                for lin in (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo):
+                    split[id(lin)] = SplitLinear(lin.weight)
+        self.kernels, self.precision, self._split = "fused", p, split
 
-        attn_impl "sdpa" keeps the earlier rope_qk + SDPA attention in the sequential layout too (A/B
-        measurement); attn_backends only steer SDPA, so they apply where SDPA runs. add_norm "addmm"
-        keeps the earlier residual-in-the-GEMM adds and nn.LayerNorm (A/B measurement)."""
-        if attn_impl not in ("triton", "sdpa"):
-            raise LayaError(Kind.INVALID, "attn_impl must be one of triton, sdpa; got %r" % (attn_impl,))
-        if add_norm not in ("triton", "addmm"):
-            raise LayaError(Kind.INVALID, "add_norm must be one of triton, addmm; got %r" % (add_norm,))
-        self.kernels, self.attn_backends, self.attn_impl = "fused", attn_backends, attn_impl
-        self.add_norm = add_norm
+    def _gemm(self, lin, x, out_dtype=None):
+        """lin(x) on the fused path: float32-accurate where split (precision.py), else in the weights'
+        dtype, with a float32 result when `out_dtype` asks for it (no rounding before the residual add)."""
+        sp = self._split.get(id(lin))
+        if sp is not None:
+            return sp(x)
+        if out_dtype is not None and out_dtype != x.dtype:
+            from .split_gemm import mm_fp32_out
+            return mm_fp32_out(x, lin.weight)
+        return lin(x)
 
     def encode(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
         """ModernBertModel(...).last_hidden_state."""
@@ -269,32 +283,22 @@ class LayaTorch(nn.Module):
     def encode_fused(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
         """`encode` in about a third of the kernels, for CUDA graphs (same function, float rounding apart).
 
-        Per layer (add_norm "triton"): Wqkv, attention, Wo, one add + LayerNorm kernel (the residual
-        updated in place, the MLP's normed input out), Wi, one GELU-gate kernel, Wo, add + the next
-        layer's norm (the final norm after the last layer). Why: each residual add and the norm after
-        it read and write the same row, so one launch does both, and a plain GEMM avoids the copy of
-        the residual into the output that cuBLAS makes for addmm; the GEMM output is rounded before
-        the add, as `encode` rounds it. add_norm "addmm" (the earlier path, for A/B): norm, Wqkv,
-        attention, Wo with the residual added in the GEMM (beta=1, rounding once), norm, Wi, GELU
-        gate, Wo + residual, final norm. Attention, sequential layout (attn_impl "triton"): one
-        kernel reading q/k/v from the Wqkv output, RoPE on load, masks from per-row lengths, output
-        token-major for Wo (cuda_attention.py; rows must be prefix-contiguous, as the padded batches
-        are). Parallel layout, or attn_impl "sdpa" (the earlier path, for A/B): one RoPE kernel for q
-        and k, SDPA with a bias built once per forward, a layout copy. Same function as `encode` up
-        to float rounding; the tolerance is the contract there (docs/performance.md), CPU fp32
-        serving keeps `encode`.
+        Per layer: Wqkv, attention, Wo, one add + LayerNorm kernel (the residual updated in place, the
+        MLP's normed input out), Wi, one GELU-gate kernel, Wo, add + the next layer's norm (the final
+        norm after the last layer). Why: each residual add and the norm after it read and write the
+        same row, so one launch does both. Attention, sequential layout: one kernel reading q/k/v from
+        the Wqkv output, RoPE on load, masks from per-row lengths, output token-major for Wo
+        (cuda_attention.py; rows must be prefix-contiguous, as the padded batches are). Parallel
+        layout: one RoPE kernel for q and k, SDPA with a bias built once per forward, a layout copy.
+        Same function as `encode` up to float rounding; the tolerance is the contract there
+        (docs/performance.md), CPU fp32 serving keeps `encode`.
         """
-        from torch.nn.attention import sdpa_kernel
         from . import cuda_kernels as ck
-        spec, enc = self.spec, self.encoder
+        spec = self.spec
         B, L = input_ids.shape
         N, d, H, hd = B * L, spec.hidden_size, spec.heads, spec.head_dim
-        dtype = enc.embeddings.tok_embeddings.weight.dtype
-        if self.attn_impl not in ("triton", "sdpa"):
-            raise LayaError(Kind.INVALID, "attn_impl must be one of triton, sdpa; got %r" % (self.attn_impl,))
-        if self.add_norm not in ("triton", "addmm"):
-            raise LayaError(Kind.INVALID, "add_norm must be one of triton, addmm; got %r" % (self.add_norm,))
-        one_kernel = position_ids is None and self.attn_impl == "triton"
+        dtype = self.encoder.embeddings.tok_embeddings.weight.dtype
+        one_kernel = position_ids is None
         if one_kernel:
             from . import cuda_attention as ca
             lengths = ca.lengths_of(attention_mask)                              # [B] int32, on the device
@@ -315,37 +319,35 @@ class LayaTorch(nn.Module):
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[kind], scale=scale)
             return a.transpose(1, 2).reshape(N, d)
 
-        with sdpa_kernel(self.attn_backends) if self.attn_backends and not one_kernel else contextlib.nullcontext():
-            return self._fused_stack(input_ids.reshape(N), attend).view(B, L, d)
+        return self._fused_stack(input_ids.reshape(N), attend).view(B, L, d)
 
     def _fused_stack(self, ids, attend) -> torch.Tensor:
-        """The encoder's layers over a flat token stream ids [N] -> final hidden states [N, d]: every
-        step is per token except `attend(qkv [N, 3d], layer kind) -> [N, d]`, which the padded and the
-        packed forwards supply (encode_fused, forward_packed)."""
+        """The encoder's layers over a flat token stream ids [N] -> final hidden states [N, d] (in the
+        residual's dtype: float32 on the served path): every step is per token except
+        `attend(qkv [N, 3d], layer kind) -> [N, d]`, which the padded and the packed forwards supply
+        (encode_fused, forward_packed). The residual stream x is `precision.residual` (float32); the
+        GEMMs read y, its normed copy in the weights' dtype."""
         from . import cuda_kernels as ck
-        enc = self.encoder
-        fused_norm = self.add_norm == "triton"
-        emb = enc.embeddings.tok_embeddings(ids)
+        enc, p = self.encoder, self.precision
+        cdt = enc.embeddings.tok_embeddings.weight.dtype
         norm = enc.embeddings.norm
-        x = ck.layer_norm(emb, norm.weight, norm.eps) if fused_norm else norm(emb)
-        y = x            # Wqkv's input; layer 0 has no attn_norm (the embedding norm already ran)
+        x = ck.layer_norm(enc.embeddings.tok_embeddings(ids), norm.weight, norm.eps, out_dtype=p.residual)
+        y = x if x.dtype == cdt else x.to(cdt)   # Wqkv's input; layer 0 has no attn_norm (the embedding norm ran)
+        last = len(enc.layers) - 1
         for i, (layer, kind) in enumerate(zip(enc.layers, self.spec.layer_types)):
-            if not fused_norm:
-                y = x if layer.attn_norm is None else layer.attn_norm(x)
-            a = attend(layer.attn.Wqkv(y), kind)                             # [N, d]
-            if fused_norm:
-                # x += a Wo^T in place, y = mlp_norm(x); then x += MLP(y), y = the next norm of x
-                x, y = ck.add_layer_norm(x, layer.attn.Wo(a), layer.mlp_norm.weight, layer.mlp_norm.eps)
-                o = layer.mlp.Wo(ck.gelu_gate(layer.mlp.Wi(y)))
-                nxt = enc.layers[i + 1].attn_norm if i + 1 < len(enc.layers) else enc.final_norm
-                if nxt is None:                               # an identity norm (ModernBERT: layer 0's only)
-                    x = y = x.add_(o)
-                else:
-                    x, y = ck.add_layer_norm(x, o, nxt.weight, nxt.eps)
+            a = attend(self._gemm(layer.attn.Wqkv, y), kind)                 # [N, d]
+            # x += a Wo^T in place, y = mlp_norm(x); then x += MLP(y), y = the next norm of x
+            x, y = ck.add_layer_norm(x, self._gemm(layer.attn.Wo, a, p.residual_gemm_out), layer.mlp_norm.weight,
+                                     layer.mlp_norm.eps, out_dtype=cdt)
+            o = self._gemm(layer.mlp.Wo, ck.gelu_gate(self._gemm(layer.mlp.Wi, y)), p.residual_gemm_out)
+            nxt = enc.layers[i + 1].attn_norm if i < last else enc.final_norm
+            if nxt is None:                               # an identity norm (ModernBERT: layer 0's only)
+                x = x.add_(o)
+                y = x if x.dtype == cdt else x.to(cdt)
             else:
-                x = torch.addmm(x, a, layer.attn.Wo.weight.t())
-                x = torch.addmm(x, ck.gelu_gate(layer.mlp.Wi(layer.mlp_norm(x))), layer.mlp.Wo.weight.t())
-        return y if fused_norm else enc.final_norm(x)
+                # the final norm's output is the head's input: in the residual's dtype
+                x, y = ck.add_layer_norm(x, o, nxt.weight, nxt.eps, out_dtype=p.residual if i == last else cdt)
+        return y
 
     def forward_packed(self, ids, tok_qtype, starts, lengths, blk_seg, blk_m0, marker_pos, marker_mask,
                        max_len: int):
@@ -377,13 +379,16 @@ class LayaTorch(nn.Module):
             d = h.shape[-1]
             for layer in self.head.layers:
                 sa = layer.self_attn
-                qkv = F.linear(layer.norm1(h), sa.in_proj_weight, sa.in_proj_bias)
+                sp = self._split.get(id(sa))
+                y = layer.norm1(h)
+                qkv = sp(y) if sp is not None else F.linear(y, sa.in_proj_weight, sa.in_proj_bias)
                 a = ca.attention_packed(qkv, None, None, starts, lengths, blk_seg, blk_m0, nh, 0, False,
                                         (d // nh) ** -0.5, rope=False)
-                h = h + sa.out_proj(a)
-                h = h + layer.linear2(F.relu(layer.linear1(layer.norm2(h))))
+                h = h + self._gemm(sa.out_proj, a)
+                h = h + self._gemm(layer.linear2, F.relu(self._gemm(layer.linear1, layer.norm2(h))))
         S = marker_pos.shape[0]
-        logits = self.scorer(h[marker_pos.long()]).squeeze(-1).float()
+        sdt = self.scorer[1].weight.dtype
+        logits = self.scorer(h[marker_pos.long()].to(sdt)).squeeze(-1).float()
         logits = logits.masked_fill(~marker_mask.bool(), -1e4)
         return logits, self._act(logits, marker_mask, h[starts[:S].long()])
 
@@ -424,7 +429,7 @@ class LayaTorch(nn.Module):
             for layer in self.head.layers:
                 h = self._head_layer(layer, h, pad)
         idx = marker_pos.clamp(min=0)[:, :, None].expand(-1, -1, h.size(-1))
-        logits = self.scorer(torch.gather(h, 1, idx)).squeeze(-1).float()
+        logits = self.scorer(torch.gather(h, 1, idx).to(self.scorer[1].weight.dtype)).squeeze(-1).float()
         logits = logits.masked_fill(~marker_mask.bool(), -1e4)
         return logits, self._act(logits, marker_mask, h[:, 0])
 

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import flags, metrics, rpc, streams
+from laya_grpc.core import draining, flags, metrics, rpc, streams
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
 from laya_grpc.core.packed_rows import PackedRows
@@ -57,6 +57,9 @@ def load_tokenizers(sources: dict) -> dict:
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
     def __init__(self, tokenizers: dict, pool: ThreadPoolExecutor):
         self.tokenizers, self.pool = tokenizers, pool
+        self.serving = False    # what grpc.health.v1 says (calls are counted by it)
+        self.inflight = 0       # calls running (draining waits for them)
+        self._calls = {True: metrics.CALLS.labels("tokenizer", "yes"), False: metrics.CALLS.labels("tokenizer", "no")}
 
     def _get(self, name: str) -> LoadedTokenizer:
         tok = self.tokenizers.get(name)
@@ -73,6 +76,14 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
                                   tokens_pb2.CallError, "Tokenize")
 
     async def tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
+        self._calls[self.serving].inc()
+        self.inflight += 1
+        try:
+            return await self._tokenize(request)
+        finally:
+            self.inflight -= 1
+
+    async def _tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
         tok = self._get(request.checkpoint)
         try:
             states = [json.loads(s) for s in request.states_json]
@@ -107,7 +118,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
         return info
 
 
-async def serve(sources: dict, address: str, threads: int, metrics_address: Optional[str] = None) -> int:
+async def serve(sources: dict, address: str, threads: int, metrics_address: Optional[str] = None,
+                drain_grace_s: float = draining.DEFAULT_GRACE_S) -> int:
     metrics.serve_metrics(metrics_address)
     srv = rpc.server()
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tok")
@@ -130,11 +142,12 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
         await srv.stop(0)
         return 2
     await rpc.set_health(hs, [SERVICE_NAME], True)
+    servicer.serving = True
     stop = asyncio.Event()
     install_stop_signals(stop)
     await stop.wait()
-    await rpc.set_health(hs, [SERVICE_NAME], False)
-    await srv.stop(grace=2.0)
+    servicer.serving = False
+    await draining.drain(srv, hs, [SERVICE_NAME], drain_grace_s, lambda: servicer.inflight, "tokenizer")
     pool.shutdown(wait=False)
     return 0
 
@@ -147,6 +160,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--threads", env="LAYA_TOKENIZER_THREADS", default=max(1, min(4, os.cpu_count() or 1)), type=int,
               help="threads running encode_batch (the tokenizers library releases the GIL)")
     metrics.add_flag(p, "LAYA_TOKENIZER_METRICS")
+    draining.add_flag(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,4 +170,4 @@ def run(args: argparse.Namespace) -> int:
     except LayaError as e:
         print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics))
+    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics, args.drain_grace_s))

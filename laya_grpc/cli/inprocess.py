@@ -1,0 +1,71 @@
+"""`Services` with the tokenizer and the network in this process: no sockets, no child processes.
+
+The gateway's `Decider` runs on it exactly as on `RemoteServices`, so `laya-grpc predict`, the
+in-process `Predictor` and contract tests share the served answer loop. It wires the tokenizer and
+inference code together, which only the cli layer may do; torch or mlx is imported only when a
+runner is loaded (`load`), never by importing this module.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from laya_grpc.core.checkpoint import Checkpoint
+from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.gateway.services import CheckpointInfo, Encoded, InferResult
+from laya_grpc.tokenizer.encoding import TextEncoder
+
+
+class InProcessServices:
+    """One or more checkpoints, each a TextEncoder and a loaded runner, by name."""
+
+    def __init__(self):
+        self._models: dict[str, tuple[Checkpoint, TextEncoder, Any]] = {}
+
+    @classmethod
+    def load(cls, sources: dict, backend: str = "torch", device: str = "cpu",
+             dtype: Optional[str] = None) -> "InProcessServices":
+        """Every `name -> source` checkpoint opened and its runner loaded here (tests, tools)."""
+        from laya_grpc.core.sources import open_source
+        from laya_grpc.inference.devices import pick_device
+        from laya_grpc.inference.runners import load_runner
+        services = cls()
+        dev = pick_device(device, backend, require=True).device
+        for name, source in sources.items():
+            ckpt = open_source(source)
+            services.add(name, ckpt, load_runner(ckpt.path, backend, dev, dtype))
+        return services
+
+    def add(self, name: str, checkpoint: Checkpoint, runner: Any) -> TextEncoder:
+        encoder = TextEncoder(checkpoint.tokenizer_dir, max_len=checkpoint.max_len,
+                              head_max_len=checkpoint.head_max_len, parallel_layout=checkpoint.parallel)
+        self._models[name] = (checkpoint, encoder, runner)
+        return encoder
+
+    def _get(self, name: str):
+        try:
+            return self._models[name]
+        except KeyError:
+            raise LayaError(Kind.NOT_FOUND, "checkpoint %r is not loaded here (loaded: %s)"
+                            % (name, ", ".join(self._models) or "none")) from None
+
+    async def tokenize(self, checkpoint: str, states: Sequence[Any], questions: Sequence[Any],
+                       max_len: Optional[int], head_max_len: Optional[int]) -> list[Encoded]:
+        _, encoder, _ = self._get(checkpoint)
+        encoded = encoder.encode_many(list(states), list(questions), max_len=max_len, head_max_len=head_max_len)
+        return [Encoded(PackedRows.from_rows(enc.rows), enc.usage) for enc in encoded]
+
+    async def infer(self, checkpoint: str, rows: Sequence[PackedRows]) -> InferResult:
+        _, encoder, runner = self._get(checkpoint)
+        packed = PackedRows.concat(list(rows)) if isinstance(rows, (list, tuple)) else rows
+        logits, act = runner.run_rows(packed, encoder.pad_id)
+        counts = packed.marker_counts
+        return InferResult(logits=[logits[i, :counts[i]] for i in range(packed.n)],
+                           act_logits=[act[i] for i in range(packed.n)])
+
+    async def checkpoint(self, name: str) -> CheckpointInfo:
+        ckpt, _, _ = self._get(name)
+        return CheckpointInfo(name=name, config=ckpt.config)
+
+    def health(self) -> dict:
+        return {"ready": True, "loaded": list(self._models)}

@@ -1,0 +1,51 @@
+"""SIGTERM on a service: NOT_SERVING first, in-flight work finished within a grace period, exit.
+
+The order matters for replicas behind a health-checking balancer (the gateway's round_robin
+channels, Kubernetes readiness probes): once health says NOT_SERVING they send no new calls;
+calls already running finish; the server stops when none is left or the grace period is over,
+whichever comes first. A call that reaches the server after it stopped fails UNAVAILABLE, which
+the gateway retries on another replica.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Iterable
+
+from . import flags, rpc
+
+log = logging.getLogger("laya_grpc.core.draining")
+
+DEFAULT_GRACE_S = 20.0
+# time for clients' health watches to see NOT_SERVING before the server refuses new calls
+SETTLE_S = 0.5
+
+
+def add_flag(parser) -> None:
+    flags.add(parser, "--drain-grace-s", env="LAYA_DRAIN_GRACE_S", default=DEFAULT_GRACE_S, type=float,
+              help="on SIGTERM: report NOT_SERVING at once, then finish in-flight work for at most this many "
+                   "seconds before exiting (keep it below the orchestrator's kill timeout, e.g. Kubernetes' "
+                   "terminationGracePeriodSeconds)")
+
+
+async def drain(server, hs, names: Iterable[str], grace_s: float, busy: Callable[[], int], what: str) -> None:
+    """Flip health, wait for `busy()` to reach 0 (at most `grace_s`), stop the gRPC server."""
+    deadline = time.monotonic() + max(0.0, grace_s)
+    await rpc.set_health(hs, list(names), False)
+    await wait_idle(grace_s, busy, what)
+    await server.stop(grace=min(0.5, max(0.0, deadline - time.monotonic())))
+
+
+async def wait_idle(grace_s: float, busy: Callable[[], int], what: str) -> None:
+    """After health went NOT_SERVING: let watchers see it, then wait for `busy()` to reach 0."""
+    t0 = time.monotonic()
+    deadline = t0 + max(0.0, grace_s)
+    await asyncio.sleep(min(SETTLE_S, max(0.0, grace_s)))
+    while busy() > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    left = busy()
+    if left:
+        log.warning("%s: %d calls still running after the %.0f s drain grace; stopping", what, left, grace_s)
+    else:
+        log.info("%s drained in %.2f s", what, time.monotonic() - t0)

@@ -1,0 +1,75 @@
+"""Float32-accurate GEMMs on fp16 tensor cores: each float32 operand as a sum of two fp16 halves.
+
+Why: on an H200 a float32 GEMM without TF32 runs on the CUDA cores (about 1/15 of the fp16 tensor-
+core rate), and TF32 keeps only fp16's 10 mantissa bits, so it brings back the 16-bit error. With
+x = x_hi + x_lo and W = W_hi + W_lo (hi = fp16(v), lo = fp16(v - hi)), the product
+
+    x W^T ~= x_hi W_hi^T + x_lo W_hi^T + x_hi W_lo^T      (x_lo W_lo^T, ~2^-22 relative, dropped)
+
+is ONE fp16 GEMM with float32 accumulation and a float32 output over a K three times as long:
+[x_hi | x_lo | x_hi] times [W_hi | W_hi | W_lo]^T. Where W is exactly fp16 already (Laya
+checkpoints store fp16 weights, so W_lo = 0) the third term vanishes and K doubles only: twice an
+fp16 GEMM's work for a float32 result good to ~2^-21 relative (float32 is 2^-24).
+
+Weights are scaled by a power of two before splitting, so W_lo stays out of fp16's subnormal range
+(the output is scaled back; powers of two are exact). Activations are split by one Triton kernel
+(cuda_kernels.split_fp16); they must stay within fp16's range (|x| < 65504), as the fp16 path's do.
+On CPU (tests, through Triton's interpreter) the GEMM runs in float32 on the same fp16 operands.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+log = logging.getLogger("laya_grpc.inference.split_gemm")
+# torch.mm(a16, b16, out_dtype=torch.float32): CUDA only (torch >= 2.8); without it, a float32 GEMM
+_MM_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
+if not _MM_DTYPE:
+    log.warning("torch %s has no mm(out_dtype=...): the float32-output GEMMs run in float32 (slower)",
+                torch.__version__)
+
+
+def _mm16_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.is_cuda and _MM_DTYPE:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())
+
+
+class SplitLinear:
+    """y = x W^T (+ b) in float32 for float32 x [N, K], W [M, K]: one fp16 GEMM over the split operands."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        w = weight.detach().float()
+        hi = w.half()
+        if torch.equal(hi.float(), w):                        # fp16-exact weights: two terms, no scaling
+            self.terms, self.scale = 2, 1.0
+            self.w = torch.cat([hi, hi], dim=1).contiguous()
+        else:
+            top = float(w.abs().max())
+            shift = 14 - math.ceil(math.log2(top)) if top > 0 else 0   # largest |W * 2^shift| <= 2^14
+            ws = w * 2.0 ** shift
+            hi = ws.half()
+            lo = (ws - hi.float()).half()
+            self.terms, self.scale = 3, 2.0 ** -shift
+            self.w = torch.cat([hi, hi, lo], dim=1).contiguous()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.out_features, self.in_features = weight.shape
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from . import cuda_kernels as ck
+        x = x.float().contiguous()
+        x3 = ck.split_fp16(x, self.terms)
+        y = _mm16_fp32(x3, self.w.t())          # fp16 tensor cores, fp32 accumulation and output
+        if self.scale != 1.0:
+            y.mul_(self.scale)
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y
+
+
+def mm_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T for 16-bit x and W with a float32 result (fp32 accumulation, no rounding of the output
+    to 16 bits): what the residual stream adds on CUDA."""
+    return _mm16_fp32(x, weight.t())
