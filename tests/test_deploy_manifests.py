@@ -33,11 +33,6 @@ DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 # ships); raise it with the dev extra's kubernetes-validate pin.
 KUBERNETES_VERSION = "1.37.0"
 
-# Variables the manifests set ahead of the code that reads them (log format, tracing, drain on
-# SIGTERM). Remove a name once `laya_grpc/` reads it; the test then checks it like the others.
-PENDING_ENV = {"LAYA_LOG_FORMAT", "LAYA_OTLP_ENDPOINT", "LAYA_DRAIN_GRACE_S"}
-
-
 def validate(resource: dict) -> None:
     """Raise unless `resource` validates strictly. A kind/apiVersion without a schema is an error
     too (the kubernetes-validate command only warns about it)."""
@@ -268,7 +263,7 @@ def test_every_laya_variable_is_read_by_the_code():
     used = set(config_data())
     for dep in deployments().values():
         used.update(container_env(dep))
-    unknown = sorted(n for n in used if n.startswith("LAYA_") and n not in read and n not in PENDING_ENV)
+    unknown = sorted(n for n in used if n.startswith("LAYA_") and n not in read)
     assert not unknown, "the manifests set variables no code reads: %s" % unknown
 
 

@@ -305,6 +305,8 @@ def test_serve_inference_replicas_survive_a_kill(tiny_ckpt):
                                                    "--tokenizer-workers", "1", "--gateway-workers", "1"]) as s:
         infs = [k for k in s.health()["services"] if k.startswith("inference@")]
         assert len(infs) == 2 and all(k.endswith(("inference-0.sock", "inference-1.sock")) for k in infs), infs
+        # serve is ready once one replica serves; the other may still be warming up
+        wait_for(lambda: all(s.health()["services"][k]["state"] == "ready" for k in infs), 60, "both replicas ready")
         body = {"state": STATES[0], "questions": QUESTIONS[0], "model": "english"}
         status, first, _ = s.post("/v1/systemone", body)
         assert status == 200

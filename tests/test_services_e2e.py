@@ -304,29 +304,41 @@ def test_readme_curl_example_is_answered(stack):
 
 
 def test_prometheus_metrics(tiny_ckpt):
-    """--metrics: each process exports its own metrics; the API port has no /metrics (as upstream)."""
+    """serve --metrics: one endpoint for every process (multiprocess mode, summed over the two
+    tokenizer workers); each family comes from its own service only, so the endpoint holds one
+    `laya_gateway_ready` series, the gateway's, and no process on its own opens a metrics port.
+    The API port has no /metrics (as upstream)."""
     import urllib.request
     from stack import free_port
     port = free_port()
-    with Stack({"english": tiny_ckpt}, extra_args=["--metrics", "127.0.0.1:%d" % port]) as s:
+    with Stack({"english": tiny_ckpt}, extra_args=["--metrics", "127.0.0.1:%d" % port,
+                                                   "--tokenizer-workers", "2"]) as s:
         q = {"u": QUESTIONS["urgent"]}
-        assert s.post("/v1/systemone", {"state": STATES[0], "questions": q, "model": "english"})[0] == 200
+        for _ in range(4):   # round-robin: both tokenizer workers see requests
+            assert s.post("/v1/systemone", {"state": STATES[0], "questions": q, "model": "english"})[0] == 200
         assert s.post("/v1/systemone", {"state": STATES[0], "questions": {"x": {"type": "zz"}}})[0] == 422
         with LayaClient(s.grpc) as c:
             c.decide(STATES[0], q, model="english")
 
-        def scrape(offset):
-            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (port + offset), timeout=5) as r:
-                return r.read().decode()
-        gw, inf, tok = scrape(0), scrape(1), scrape(2)
-        assert 'laya_gateway_requests_total{api="http",route="decide",status="200"}' in gw
-        assert 'laya_gateway_requests_total{api="http",route="decide",status="422"} 1.0' in gw
-        assert 'laya_gateway_requests_total{api="grpc",route="decide",status="200"} 1.0' in gw
-        assert "laya_gateway_ready 1.0" in gw
-        assert 'laya_inference_checkpoint_ready{checkpoint="english"} 1.0' in inf
-        assert "laya_inference_queue_seconds_count" in inf and "laya_inference_batch_rows_count" in inf
-        assert 'laya_inference_forward_seconds_count{checkpoint="english"}' in inf
-        assert "laya_tokenizer_jobs_per_batch_count" in tok
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as r:
+            text = r.read().decode()
+        assert 'laya_gateway_requests_total{api="http",route="decide",status="200"}' in text   # + the warm-up's
+        assert 'laya_gateway_requests_total{api="http",route="decide",status="422"} 1.0' in text
+        assert 'laya_gateway_requests_total{api="grpc",route="decide",status="200"} 1.0' in text
+        ready = [line for line in text.splitlines() if line.startswith("laya_gateway_ready")]
+        assert ready == ["laya_gateway_ready 1.0"], ready
+        assert 'laya_inference_checkpoint_ready{checkpoint="english"} 1.0' in text
+        assert "laya_inference_queue_seconds_count" in text and "laya_inference_batch_rows_count" in text
+        assert 'laya_inference_forward_seconds_count{checkpoint="english"}' in text
+        # both tokenizer workers' batches, summed: one count of 5 calls (the warm-up adds its own)
+        jobs = [line for line in text.splitlines() if line.startswith("laya_tokenizer_jobs_per_batch_sum")]
+        assert len(jobs) == 1 and float(jobs[0].split()[1]) >= 5, jobs
+        for offset in (1, 2):   # the children's own ports of the one-endpoint-per-process layout stay closed
+            try:
+                urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (port + offset), timeout=2)
+                raise AssertionError("a child serves its own metrics port")
+            except urllib.error.URLError as e:
+                assert not isinstance(e, urllib.error.HTTPError)
         try:
             urllib.request.urlopen(s.http + "/metrics", timeout=5)
             raise AssertionError("the API port must not serve /metrics")

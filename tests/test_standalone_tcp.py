@@ -14,18 +14,21 @@ from stack import ROOT, free_port
 
 def test_three_services_over_tcp(tiny_ckpt):
     tok, inf, http, grpc_port = free_port(), free_port(), free_port(), free_port()
+    m_tok, m_inf, m_gw = free_port(), free_port(), free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("LAYA_")}
     me = [sys.executable, "-m", "laya_grpc.cli"]
     procs = [
-        subprocess.Popen(me + ["tokenizer", "--listen", "127.0.0.1:%d" % tok, "--checkpoint", "english=" + tiny_ckpt],
-                         cwd=ROOT, env=base, stderr=subprocess.PIPE),
+        subprocess.Popen(me + ["tokenizer", "--listen", "127.0.0.1:%d" % tok, "--checkpoint", "english=" + tiny_ckpt,
+                               "--metrics", "127.0.0.1:%d" % m_tok], cwd=ROOT, env=base, stderr=subprocess.PIPE),
         # configured through the environment only
         subprocess.Popen(me + ["inference"], cwd=ROOT, stderr=subprocess.PIPE,
                          env=dict(base, LAYA_INFERENCE_LISTEN="127.0.0.1:%d" % inf,
-                                  LAYA_CHECKPOINTS="english=" + tiny_ckpt, LAYA_DEVICE="cpu")),
+                                  LAYA_CHECKPOINTS="english=" + tiny_ckpt, LAYA_DEVICE="cpu",
+                                  LAYA_INFERENCE_METRICS="127.0.0.1:%d" % m_inf)),
         subprocess.Popen(me + ["gateway", "--http", "127.0.0.1:%d" % http, "--grpc", "127.0.0.1:%d" % grpc_port,
                                "--tokenizer", "127.0.0.1:%d" % tok, "--inference", "127.0.0.1:%d" % inf,
-                               "--checkpoint", "english=" + tiny_ckpt], cwd=ROOT, env=base, stderr=subprocess.PIPE),
+                               "--checkpoint", "english=" + tiny_ckpt, "--metrics", "127.0.0.1:%d" % m_gw],
+                         cwd=ROOT, env=base, stderr=subprocess.PIPE),
     ]
     try:
         deadline, health = time.monotonic() + 120, {}
@@ -47,6 +50,12 @@ def test_three_services_over_tcp(tiny_ckpt):
         with urllib.request.urlopen(req, timeout=30) as r:
             body = json.loads(r.read())
         assert body["answers"]["q"]["type"] == "noul" and body["routing"]["model"] == "english"
+        # each service exports only its own families (no `laya_gateway_ready 0` on the inference port)
+        for port, own in ((m_tok, "laya_tokenizer_"), (m_inf, "laya_inference_"), (m_gw, "laya_gateway_")):
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as r:
+                ours = {line.split("{")[0].split()[0] for line in r.read().decode().splitlines()
+                        if line.startswith("laya_")}
+            assert ours and all(name.startswith(own) for name in ours), (own, sorted(ours))
     finally:
         for p in procs:
             p.terminate()

@@ -12,7 +12,7 @@ import importlib.util
 import sys
 
 from laya_grpc import __version__
-from laya_grpc.core import flags
+from laya_grpc.core import flags, logs
 
 # name -> (module, one-line summary)
 COMMANDS = {
@@ -43,6 +43,7 @@ def _top_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    logs.quiet_grpc_core()   # before any command imports grpc
     if not argv or argv[0] not in COMMANDS:
         top = _top_parser()
         if not argv:

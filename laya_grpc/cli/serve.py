@@ -17,9 +17,9 @@ import sys
 import tempfile
 import time
 
-from laya_grpc.core import draining, flags
+from laya_grpc.core import draining, flags, metrics
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
+from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_logging
 from laya_grpc.core.sources import parse_checkpoint_specs
 from .supervisor import Child, FatalChildExit, Supervisor
 
@@ -42,10 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "there is one per listed device; otherwise N share --device (each holds its own copy of "
                    "the weights)")
     flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
-              help="Prometheus metrics, one endpoint per process: gateway 0 on PORT, inference on PORT+1, "
-                   "tokenizer i on PORT+2+i, gateway j>0 after the tokenizers, inference replica k>0 after "
-                   "the gateways (off by default)")
+              help="one Prometheus endpoint for every process of this serve (each family exported by the "
+                   "service it describes, summed across gateway and tokenizer workers; off by default)")
     draining.add_flag(p)
+    add_observability_flags(p)
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
               help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
 
@@ -72,13 +72,8 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     devices = inference_devices(args.device, args.inference_replicas)
     names = ["inference"] if len(devices) == 1 else ["inference-%d" % k for k in range(len(devices))]
     infs = ["unix:" + os.path.join(run_dir, n + ".sock") for n in names]
-    def metrics_at(offset: int) -> list:
-        if not args.metrics:
-            return []
-        host, _, port = args.metrics.rpartition(":")
-        return ["--metrics", "%s:%d" % (host or "127.0.0.1", int(port) + offset)]
     grace = ["--drain-grace-s", str(args.drain_grace_s)]
-    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + grace + metrics_at(2 + i))
+    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + grace)
                 for i, t in enumerate(toks)]
     inference = me + ["inference", "--backend", args.backend,
                       "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
@@ -91,18 +86,14 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
         inference += ["--require-device", str(args.require_device)]
     if args.no_warmup:
         inference.append("--no-warmup")
-    n_gw_ports = 1 + n_tok + n_gw   # metrics offsets used by the gateways and tokenizers
-    for k, (name, inf, device) in enumerate(zip(names, infs, devices)):
-        children.append(Child(name, inference + ["--listen", inf, "--device", device]
-                              + metrics_at(1 if k == 0 else n_gw_ports + k - 1)))
+    for name, inf, device in zip(names, infs, devices):
+        children.append(Child(name, inference + ["--listen", inf, "--device", device]))
     gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc, "--inference", ",".join(infs)] + ck + grace
     for t in toks:
         gw += ["--tokenizer", t]
     if n_gw > 1:
         gw.append("--reuse-port")
-    # metrics: gateway 0 on PORT (its own registry; each worker counts what it served)
-    children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]
-                       + metrics_at(0 if i == 0 else 1 + n_tok + i)) for i in range(n_gw)]
+    children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]) for i in range(n_gw)]
     return children
 
 
@@ -157,6 +148,25 @@ async def announce_ready(grpc_address: str, http: str, started: float, controls:
           % (time.monotonic() - started, http, grpc_address, workers), file=sys.stderr, flush=True)
 
 
+def share_observability(args: argparse.Namespace, run_dir: str) -> None:
+    """Children inherit serve's environment: the log format and trace endpoint go to all of them,
+    and with --metrics each writes its samples under the run dir (prometheus-client's
+    multiprocess mode, set before any child imports it) for serve's one endpoint to export."""
+    os.environ["LAYA_LOG_FORMAT"] = args.log_format
+    if args.otlp_endpoint:
+        os.environ["LAYA_OTLP_ENDPOINT"] = args.otlp_endpoint
+    if args.metrics:
+        directory = os.path.join(run_dir, "metrics")
+        shutil.rmtree(directory, ignore_errors=True)   # samples of an earlier run would add up with ours
+        os.makedirs(directory)
+        os.environ[metrics.MULTIPROC_ENV] = directory
+        try:
+            where = metrics.serve_aggregated(args.metrics, directory)
+        except OSError as e:
+            raise LayaError(Kind.INVALID, "cannot serve --metrics on %s: %s" % (args.metrics, e)) from None
+        log.info("metrics of every process on http://%s/metrics", where)
+
+
 async def serve(args: argparse.Namespace) -> int:
     started = time.monotonic()
     own_dir = args.run_dir is None
@@ -164,9 +174,10 @@ async def serve(args: argparse.Namespace) -> int:
     os.makedirs(run_dir, exist_ok=True)
     try:
         children = child_argvs(args, run_dir)
+        share_observability(args, run_dir)
         stop = asyncio.Event()
         install_stop_signals(stop)
-        async with Supervisor(children) as sup:
+        async with Supervisor(children, on_exit=metrics.process_gone) as sup:
             try:
                 ready = asyncio.ensure_future(announce_ready(args.grpc, args.http, started, gateway_controls(children)))
                 stopper = asyncio.ensure_future(stop.wait())
@@ -186,11 +197,15 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("serve")
+    setup_logging("serve", fmt=args.log_format)
     try:
         parse_checkpoint_specs(args.checkpoint)
         inference_devices(args.device, args.inference_replicas)
     except LayaError as e:
         print("laya-grpc serve: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(args))
+    try:
+        return asyncio.run(serve(args))
+    except LayaError as e:
+        print("laya-grpc serve: %s" % e.detail, file=sys.stderr)
+        return 2

@@ -11,7 +11,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 log = logging.getLogger("laya_grpc.cli.supervisor")
 
@@ -45,8 +45,8 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    def __init__(self, children: list, max_backoff_s: float = 10.0):
-        self.children = children
+    def __init__(self, children: list, max_backoff_s: float = 10.0, on_exit: Optional[Callable[[int], None]] = None):
+        self.children, self.on_exit = children, on_exit   # on_exit(pid) after any child ends
         self.max_backoff_s = max_backoff_s
         self._watchers: list[asyncio.Task] = []
         self._closing = False
@@ -73,6 +73,8 @@ class Supervisor:
         backoff = 0.5
         while not self._closing:
             code = await c.proc.wait()
+            if self.on_exit is not None:
+                self.on_exit(c.proc.pid)
             if self._closing:
                 return
             if code in FATAL_EXIT_CODES:

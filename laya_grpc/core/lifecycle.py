@@ -2,18 +2,30 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import signal
-import sys
 import time
 import uuid
 
 
-def setup_logging(service: str, level: str | None = None) -> None:
-    level = (level or os.environ.get("LAYA_LOG_LEVEL", "INFO")).upper()
-    logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s " + service + " %(levelname)s %(name)s: %(message)s")
+def setup_logging(service: str, level: str | None = None, fmt: str | None = None) -> None:
+    """Text or JSON lines on stderr, each with its request id (core/logs.py)."""
+    from . import logs
+    logs.setup(service, fmt, level)
+
+
+def add_observability_flags(parser) -> None:
+    """--log-format and --otlp-endpoint, the same on every service."""
+    from . import logs, tracing
+    logs.add_flag(parser)
+    tracing.add_flag(parser)
+
+
+def setup_observability(service: str, args) -> None:
+    """Logging in the chosen format, and tracing when an OTLP endpoint is given (the SDK flushes
+    buffered spans at exit)."""
+    from . import tracing
+    setup_logging(service, fmt=getattr(args, "log_format", None))
+    tracing.setup(service, getattr(args, "otlp_endpoint", None))
 
 
 class ChangeFeed:

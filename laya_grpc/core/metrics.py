@@ -1,74 +1,128 @@
-"""Every Prometheus metric the services export, named in one place.
+"""Every Prometheus metric the services export, named in one place (docs/metrics.md lists them).
 
-Each process serves its own registry on `--metrics HOST:PORT` (off by default; `laya-grpc serve
---metrics HOST:PORT` gives the gateway PORT, the inference service PORT+1 and tokenizer i
-PORT+2+i). Upstream's HTTP API has no /metrics route, so neither does the gateway's API port.
+Each family is created on first use, so a process exports only the families of the service it
+runs: the inference service has no `laya_gateway_*` series (an alert on `laya_gateway_ready`
+would otherwise fire on every process that is not a gateway).
+
+Two ways to scrape:
+- a standalone service serves its own families on `--metrics HOST:PORT` (off by default);
+- `laya-grpc serve --metrics HOST:PORT` is one endpoint for the whole deployment: serve sets
+  PROMETHEUS_MULTIPROC_DIR (under its run dir) for every child, children write their samples
+  there (prometheus-client's multiprocess mode) and serve exports them aggregated across
+  processes; children open no port of their own.
+Upstream's HTTP API has no /metrics route, so neither does the gateway's API port.
 """
 from __future__ import annotations
 
-import contextlib
-import time
+import os
+import threading
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096)
 
+
+class _Family:
+    """A metric created in the default registry the first time its process uses it."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, cls, name: str, doc: str, labels=(), **kw):
+        self.cls, self.name, self.doc, self.labelnames, self.kw = cls, name, doc, tuple(labels), kw
+        self._metric = None
+
+    def get(self):
+        m = self._metric
+        if m is None:
+            with self._lock:   # the device thread and the event loop may both be first
+                if self._metric is None:
+                    self._metric = self.cls(self.name, self.doc, self.labelnames, **self.kw)
+                m = self._metric
+        return m
+
+    def labels(self, *values):
+        return self.get().labels(*values)
+
+    def inc(self, amount: float = 1) -> None:
+        self.get().inc(amount)
+
+    def set(self, value: float) -> None:
+        self.get().set(value)
+
+    def observe(self, value: float) -> None:
+        self.get().observe(value)
+
+
 # gateway
-REQUESTS = Counter("laya_gateway_requests_total", "Decision requests answered, by API, route and HTTP status",
+REQUESTS = _Family(Counter, "laya_gateway_requests_total", "Decision requests answered, by API, route and HTTP status",
                    ["api", "route", "status"])
-REQUEST_SECONDS = Histogram("laya_gateway_request_seconds", "Decision request time inside the gateway",
-                            ["api", "route"], buckets=_LATENCY)
-INFER_CALL_REQUESTS = Histogram("laya_gateway_requests_per_infer_call",
-                                "Requests whose rows shared one gateway->inference call (coalescing under load)",
-                                buckets=(1, 2, 4, 8, 16, 32, 64, 128))
-GATEWAY_READY = Gauge("laya_gateway_ready", "1 when every service is up and every preloaded checkpoint warm")
+REQUEST_SECONDS = _Family(Histogram, "laya_gateway_request_seconds", "Decision request time inside the gateway",
+                          ["api", "route"], buckets=_LATENCY)
+INFER_CALL_REQUESTS = _Family(Histogram, "laya_gateway_requests_per_infer_call",
+                              "Requests whose rows shared one gateway->inference call (coalescing under load)",
+                              buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+# several gateway workers under serve: ready only when every live one is
+GATEWAY_READY = _Family(Gauge, "laya_gateway_ready", "1 when every service is up and every preloaded checkpoint warm",
+                        multiprocess_mode="livemin")
 
 # inference
-FORWARD_SECONDS = Histogram("laya_inference_forward_seconds", "Time of one forward pass (batch)", ["checkpoint"],
-                            buckets=_LATENCY)
-QUEUE_SECONDS = Histogram("laya_inference_queue_seconds", "Time a request waited for the device", buckets=_LATENCY)
-BATCH_ROWS = Histogram("laya_inference_batch_rows", "Rows (state x question) per forward pass",
-                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
-QUEUE_DEPTH = Gauge("laya_inference_queue_rows", "Rows waiting for the device")
-CHECKPOINT_READY = Gauge("laya_inference_checkpoint_ready", "1 when the checkpoint is loaded and warm", ["checkpoint"])
+FORWARD_SECONDS = _Family(Histogram, "laya_inference_forward_seconds", "Time of one forward pass (batch)",
+                          ["checkpoint"], buckets=_LATENCY)
+QUEUE_SECONDS = _Family(Histogram, "laya_inference_queue_seconds", "Time a request waited for the device",
+                        buckets=_LATENCY)
+BATCH_ROWS = _Family(Histogram, "laya_inference_batch_rows", "Rows (state x question) per forward pass",
+                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+QUEUE_DEPTH = _Family(Gauge, "laya_inference_queue_rows", "Rows waiting for the device", multiprocess_mode="livesum")
+CHECKPOINT_READY = _Family(Gauge, "laya_inference_checkpoint_ready", "1 when the checkpoint is loaded and warm",
+                           ["checkpoint"], multiprocess_mode="livemax")
 
 # tokenizer and inference replicas
-CALLS = Counter("laya_backend_calls_total", "Tokenize and Infer calls this replica received, by whether it reported "
-                "SERVING when each arrived (calls while not serving mean a client ignored its health)",
+CALLS = _Family(Counter, "laya_backend_calls_total", "Tokenize and Infer calls this replica received, by whether it "
+                "reported SERVING when each arrived (calls while not serving mean a client ignored its health)",
                 ["service", "serving"])
 
 # tokenizer
-TOKENIZE_JOBS = Histogram("laya_tokenizer_jobs_per_batch", "Requests sharing one encode_batch call",
-                          buckets=(1, 2, 4, 8, 16, 32, 64))
+TOKENIZE_JOBS = _Family(Histogram, "laya_tokenizer_jobs_per_batch", "Requests sharing one encode_batch call",
+                        buckets=(1, 2, 4, 8, 16, 32, 64))
 
-
-@contextlib.contextmanager
-def measured(api: str, route: str):
-    """Count and time one decision request; the status is the HTTP one (200 or its error's kind)."""
-    from .errors import LayaError
-    t0, status = time.perf_counter(), 500
-    try:
-        yield
-        status = 200
-    except LayaError as e:
-        status = e.kind.http_status
-        raise
-    finally:
-        REQUESTS.labels(api, route, str(status)).inc()
-        REQUEST_SECONDS.labels(api, route).observe(time.perf_counter() - t0)
+FAMILIES = [v for v in list(globals().values()) if isinstance(v, _Family)]
 
 
 def add_flag(parser, env: str) -> None:
     from . import flags
     flags.add(parser, "--metrics", env=env, default=None, metavar="HOST:PORT",
-              help="serve Prometheus metrics on this address (off by default)")
+              help="serve this service's Prometheus metrics on this address (off by default; under "
+                   "'laya-grpc serve' its --metrics is one endpoint for all processes)")
 
 
-def serve_metrics(address: str | None, offset: int = 0) -> str | None:
-    """Start the /metrics HTTP endpoint on HOST:PORT(+offset); None keeps metrics off."""
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def serve_metrics(address: str | None) -> str | None:
+    """Start this process's /metrics endpoint on HOST:PORT; None keeps metrics off."""
     if not address:
         return None
-    host, _, port = address.rpartition(":")
-    port_n = int(port) + offset
-    start_http_server(port_n, addr=host or "127.0.0.1")
-    return "%s:%d" % (host or "127.0.0.1", port_n)
+    host, port = _split(address)
+    start_http_server(port, addr=host)
+    return "%s:%d" % (host, port)
+
+
+def serve_aggregated(address: str, directory: str) -> str:
+    """`serve`'s one endpoint: every child's samples in `directory`, summed across processes."""
+    from prometheus_client import multiprocess
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)
+    host, port = _split(address)
+    start_http_server(port, addr=host, registry=registry)
+    return "%s:%d" % (host, port)
+
+
+def process_gone(pid: int) -> None:
+    """A child of serve exited: its live gauges (ready, queue depth) stop counting."""
+    directory = os.environ.get(MULTIPROC_ENV)
+    if directory:
+        from prometheus_client import multiprocess
+        multiprocess.mark_process_dead(pid, directory)

@@ -9,16 +9,26 @@ at once, from its own task: no timer, no added latency.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from laya_grpc.core import metrics
+from laya_grpc.core import metrics, request_id, tracing
+
+# (request id, traceparent) of each request whose rows the Infer call being made carries
+_ORIGINS: contextvars.ContextVar = contextvars.ContextVar("laya_infer_origins", default=None)
+
+
+def origins() -> list:
+    """The requests of the Infer call made from this task: the merged ones, else the current one."""
+    merged = _ORIGINS.get()
+    return merged if merged is not None else [(request_id.current_id(), tracing.traceparent())]
 from laya_grpc.core.packed_rows import PackedRows
 
 
 @dataclass
 class _Lane:
-    pending: list = field(default_factory=list)   # (PackedRows, Future)
+    pending: list = field(default_factory=list)   # (PackedRows, Future, origin)
     inflight: int = 0
 
 
@@ -41,7 +51,7 @@ class InferCoalescer:
                 if lane.pending:
                     self._launch(checkpoint, lane)
         fut = asyncio.get_running_loop().create_future()
-        lane.pending.append((rows, fut))
+        lane.pending.append((rows, fut, (request_id.current_id(), tracing.traceparent())))
         if lane.inflight < self.max_inflight:
             self._launch(checkpoint, lane)
         return await fut
@@ -49,10 +59,10 @@ class InferCoalescer:
     def _launch(self, checkpoint: str, lane: _Lane) -> None:
         batch, n = [], 0
         while lane.pending and (not batch or n + lane.pending[0][0].n <= self.max_rows):
-            rows, fut = lane.pending.pop(0)
+            rows, fut, origin = lane.pending.pop(0)
             if fut.cancelled():
                 continue
-            batch.append((rows, fut))
+            batch.append((rows, fut, origin))
             n += rows.n
         if not batch:
             return
@@ -61,16 +71,17 @@ class InferCoalescer:
 
     async def _run(self, checkpoint: str, lane: _Lane, batch: list) -> None:
         try:
-            merged = PackedRows.concat([rows for rows, _ in batch])
+            merged = PackedRows.concat([rows for rows, _, _ in batch])
             metrics.INFER_CALL_REQUESTS.observe(len(batch))
+            _ORIGINS.set([origin for _, _, origin in batch])
             resp = await self._call(checkpoint, merged)
             start = 0
-            for rows, fut in batch:
+            for rows, fut, _ in batch:
                 if not fut.done():
                     fut.set_result((resp, merged, start))
                 start += rows.n
         except BaseException as e:  # noqa: BLE001 - every waiter of this call gets the failure
-            for _, fut in batch:
+            for _, fut, _ in batch:
                 if not fut.done():
                     fut.set_exception(e)
         finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from laya_grpc.core import request_id, tracing
 from laya_grpc.core.confidence_gate import Threshold, apply_gate
 from laya_grpc.core.decode import MODEL_TAG, add_serve_fields, decode_answer, empty_result, project_jev_strict
 from laya_grpc.core.questions import Question
@@ -83,18 +84,22 @@ class Decider:
                     for _ in states]
         self.inflight += 1
         try:
+            request_id.note_checkpoint(checkpoint)
             temperatures = await self._temperatures_of(checkpoint)
-            encoded = await self.services.tokenize(checkpoint, list(states), questions, max_len, head_max_len)
-            out = await self.services.infer(checkpoint, [enc.rows for enc in encoded])
+            with tracing.span("tokenize", checkpoint=checkpoint, states=len(states)):
+                encoded = await self.services.tokenize(checkpoint, list(states), questions, max_len, head_max_len)
+            with tracing.span("infer", checkpoint=checkpoint):
+                out = await self.services.infer(checkpoint, [enc.rows for enc in encoded])
         finally:
             self.inflight -= 1
         results, r = [], 0
-        for enc in encoded:
-            answers = {}
-            for q in questions:
-                answers[q.qid] = decode_answer(q, out.logits[r], out.act_logits[r], temperatures)
-                r += 1
-            results.append({"model": MODEL_TAG, "answers": answers, "usage": enc.usage})
+        with tracing.span("decode"):
+            for enc in encoded:
+                answers = {}
+                for q in questions:
+                    answers[q.qid] = decode_answer(q, out.logits[r], out.act_logits[r], temperatures)
+                    r += 1
+                results.append({"model": MODEL_TAG, "answers": answers, "usage": enc.usage})
         return results
 
     async def _temperatures_of(self, checkpoint: str) -> Temperatures:

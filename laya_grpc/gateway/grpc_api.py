@@ -12,7 +12,7 @@ import hmac
 import time
 from typing import Optional
 
-from laya_grpc.core import metrics, rpc, streams
+from laya_grpc.core import request_id, request_scope, rpc, streams
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
@@ -50,46 +50,57 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     @rpc.servicer_errors
     async def Decide(self, request, context):
-        with deadline.within(context.time_remaining()):   # the client's deadline bounds the backend calls
+        with request_scope.observed("grpc", "decide", *request_id.from_metadata(context.invocation_metadata())) as scope, \
+                deadline.within(context.time_remaining()):   # the client's deadline bounds the backend calls
+            await context.send_initial_metadata(((request_id.HEADER, scope.request_id),))
             return await self._decide(request, self._denied(context))
 
     async def DecideStream(self, request_iterator, context):
         # checked once per stream; without the token every call fails 401 as a reply (aborting the
         # stream instead races the client's first write, which then sees a transport error)
         denied = self._denied(context)
-        await streams.serve_calls(request_iterator, context, lambda request: self._decide(request, denied),
+        _, traceparent = request_id.from_metadata(context.invocation_metadata())
+
+        async def one(request):   # each call is a request of its own: own id, span, access-log line
+            with request_scope.observed("grpc", "decide", None, traceparent):
+                return await self._decide(request, denied)
+        await streams.serve_calls(request_iterator, context, one,
                                   decision_pb2.DecideReply, tokens_pb2.CallError, "Decide")
 
     async def _decide(self, request, denied: Optional[LayaError]):
-        with metrics.measured("grpc", "decide"):
-            if denied is not None:
-                raise denied
-            body = decide_body(request)
-            req = parse_decide(body.value, self.decider.route_table, self.max_token_budget, body.may_hold_surrogate)
-            t0 = time.perf_counter()
-            result = await self.decider.decide(req)
-            resp = decision_pb2.DecideResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
-            if request.include_json:
-                resp.json = render_json(result).decode("utf-8")   # first: a NaN is its 422 here too
-            pack_result(result, resp)
-            return resp
+        if denied is not None:
+            raise denied
+        body = decide_body(request)
+        req = parse_decide(body.value, self.decider.route_table, self.max_token_budget, body.may_hold_surrogate)
+        t0 = time.perf_counter()
+        result = await self.decider.decide(req)
+        resp = decision_pb2.DecideResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
+        if request.include_json:
+            resp.json = render_json(result).decode("utf-8")   # first: a NaN is its 422 here too
+        pack_result(result, resp)
+        return resp
 
     @rpc.servicer_errors
     async def DecideBatch(self, request, context):
-        with metrics.measured("grpc", "batch"), deadline.within(context.time_remaining()):
-            self._auth(context)
-            body = batch_body(request)
-            req = parse_batch(body.value, self.decider.route_table, self.max_token_budget, body.may_hold_surrogate)
-            t0 = time.perf_counter()
-            result = await self.decider.decide_batch(req)
-            resp = decision_pb2.DecideBatchResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
-            if request.include_json:
-                resp.json = render_json(result).decode("utf-8")
-            for r in result["results"]:
-                pack_result(r, resp.results.add())
-            resp.total_usage.input_tokens = result["total_usage"]["input_tokens"]
-            resp.total_usage.output_tokens = result["total_usage"]["output_tokens"]
-            return resp
+        with request_scope.observed("grpc", "batch", *request_id.from_metadata(context.invocation_metadata())) as scope, \
+                deadline.within(context.time_remaining()):
+            await context.send_initial_metadata(((request_id.HEADER, scope.request_id),))
+            return await self._decide_batch(request, context)
+
+    async def _decide_batch(self, request, context):
+        self._auth(context)
+        body = batch_body(request)
+        req = parse_batch(body.value, self.decider.route_table, self.max_token_budget, body.may_hold_surrogate)
+        t0 = time.perf_counter()
+        result = await self.decider.decide_batch(req)
+        resp = decision_pb2.DecideBatchResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
+        if request.include_json:
+            resp.json = render_json(result).decode("utf-8")
+        for r in result["results"]:
+            pack_result(r, resp.results.add())
+        resp.total_usage.input_tokens = result["total_usage"]["input_tokens"]
+        resp.total_usage.output_tokens = result["total_usage"]["output_tokens"]
+        return resp
 
 
 class StatusServicer(decision_pb2_grpc.StatusServiceServicer):

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from laya_grpc.core import metrics
+from laya_grpc.core import request_scope
 from laya_grpc.core.errors import Kind, LayaError
 
 from .admission import Admission, read_body
@@ -114,8 +114,16 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
 
     def decision_route(route: str, parse: Callable, run: Callable[[Any], Awaitable[dict]]):
         async def endpoint(request: Request) -> Response:
-            with metrics.measured("http", route):
-                return await answer(request)
+            headers = request.headers
+            with request_scope.observed("http", route, headers.get("x-request-id"), headers.get("traceparent")) as scope:
+                try:
+                    response = await answer(request)
+                except LayaError as error:
+                    scope.status = error.kind.http_status
+                    response = error_response(error)
+                scope.status = scope.status or response.status_code
+                response.headers["x-request-id"] = scope.request_id
+                return response
 
         async def answer(request: Request) -> Response:
             if not authorized(request):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from laya_grpc.core import draining, flags, metrics
+from laya_grpc.core.lifecycle import add_observability_flags
 
 # Long enough for a large batch on a CPU-only inference service; short enough that the gateway does
 # not keep working for a client that has left (proxies in front commonly give up at 60 s).
@@ -23,6 +24,7 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_gateway_flags(p)
     metrics.add_flag(p, "LAYA_GATEWAY_METRICS")
+    add_observability_flags(p)
     flags.add(p, "--control", env="LAYA_GATEWAY_CONTROL", default=None, metavar="ADDRESS",
               help="a second gRPC address (unix:/path.sock) reaching this worker alone, also when several "
                    "share --grpc, to see its own readiness and status; 'serve' gives each gateway worker one "

@@ -17,13 +17,13 @@ from typing import Any, Optional, Sequence
 import grpc
 import numpy as np
 
-from laya_grpc.core import rpc, streams
+from laya_grpc.core import request_id, rpc, streams, tracing
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.question_wire import question_to_text
 from laya_proto.v1 import inference_pb2, status_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
-from . import deadline
+from . import coalesce, deadline
 from .backends import BackendWatch
 from .coalesce import InferCoalescer
 from .endpoints import BackendTarget
@@ -93,6 +93,7 @@ class RemoteServices(BackendWatch):
             req.max_len = max_len
         if head_max_len is not None:
             req.head_max_len = head_max_len
+        req.origin.request_id, req.origin.traceparent = request_id.current_id(), tracing.traceparent()
         resp = await self._tok_call.call(req, deadline.timeout(self.tokenize_timeout_s))
         rows = PackedRows.from_proto(resp.rows)
         per = resp.rows_per_state
@@ -118,6 +119,8 @@ class RemoteServices(BackendWatch):
 
     async def _infer_call(self, checkpoint: str, rows: PackedRows):
         req = inference_pb2.InferRequest(checkpoint=checkpoint)
+        for rid, tp in coalesce.origins():
+            req.origins.add(request_id=rid, traceparent=tp)
         rows.to_proto(req.rows)
         own = rows is _OWN_ROWS.get()
         return await self._inf_call.call(req, deadline.timeout(self.infer_timeout_s) if own else self.infer_timeout_s)

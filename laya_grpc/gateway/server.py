@@ -14,7 +14,7 @@ import uvicorn
 
 from laya_grpc.core import draining, metrics, rpc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_logging
+from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_observability
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import parse_checkpoint_specs
 from laya_proto.v1 import decision_pb2_grpc
@@ -101,7 +101,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("gateway")
+    setup_observability("gateway", args)
     try:
         return asyncio.run(serve(args))
     except LayaError as e:

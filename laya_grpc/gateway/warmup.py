@@ -34,8 +34,8 @@ async def warm_up(app, checkpoints: list, api_key, n_tokenizers: int = 1) -> str
         body = json.dumps(dict({"state": "A short warm-up text for the gateway.", "questions": WARMUP_QUESTIONS},
                                **extra)).encode()
         for _ in range(n_tok):
-            status = await _asgi_post(app, "/v1/systemone", body, headers)
-            n_http += 1
+            n_http += 1   # its request id says what it is in the access log and traces
+            status = await _asgi_post(app, "/v1/systemone", body, headers + [(b"x-request-id", b"warmup-%d" % n_http)])
             n_ok += status == 200
             if status != 200:
                 log.warning("warm-up request %s answered %d", extra or "(auto-routed)", status)

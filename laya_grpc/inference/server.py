@@ -15,9 +15,9 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import draining, flags, metrics, rpc, streams
+from laya_grpc.core import draining, flags, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_logging
+from laya_grpc.core.lifecycle import ChangeFeed, add_observability_flags, clamp_heartbeat, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.decode import softmax_f32
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokens_pb2
@@ -57,6 +57,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                                   tokens_pb2.CallError, "Infer")
 
     async def infer(self, request) -> inference_pb2.InferResponse:
+        request_id.begin(",".join(o.request_id for o in request.origins))   # this call's own task
         self._calls[self.state == S.STATE_READY].inc()
         self.inflight += 1
         try:
@@ -74,8 +75,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         device, dtype = self._facts(runner)
         if rows.n == 0:
             return inference_pb2.InferResponse(n_act=runner.n_act, device=device, dtype=dtype)
+        call_start = time.time_ns() if tracing.enabled() else 0
         res = await self.batcher.submit(slot.name, rows)
         metrics.QUEUE_SECONDS.observe(res.queue_ms / 1e3)
+        tracing.record_batched([o.traceparent for o in request.origins], call_start, res.queue_ms, res.model_ms,
+                               checkpoint=slot.name, batch_rows=res.batch_rows, call_rows=rows.n)
         probs = [softmax_f32(lg / np.float32(slot.temps.for_question(q, len(lg))))
                  for lg, q in zip(res.logits, rows.qtypes.tolist())]
         return inference_pb2.InferResponse(
@@ -200,11 +204,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="address to serve on: HOST:PORT or unix:/path.sock")
     metrics.add_flag(p, "LAYA_INFERENCE_METRICS")
     draining.add_flag(p)
+    add_observability_flags(p)
     add_model_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("inference")
+    setup_observability("inference", args)
     try:
         settings = InferenceSettings.from_args(args)
     except LayaError as e:

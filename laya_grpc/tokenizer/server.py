@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import draining, flags, metrics, rpc, streams
+from laya_grpc.core import draining, flags, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
+from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.questions import parse_questions
 from laya_grpc.core.sources import open_source, parse_checkpoint_specs
@@ -76,10 +76,12 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
                                   tokens_pb2.CallError, "Tokenize")
 
     async def tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
+        request_id.begin(request.origin.request_id)   # this call's own task: its log lines carry the id
         self._calls[self.serving].inc()
         self.inflight += 1
         try:
-            return await self._tokenize(request)
+            with tracing.server_span("tokenizer.tokenize", request.origin.traceparent, checkpoint=request.checkpoint):
+                return await self._tokenize(request)
         finally:
             self.inflight -= 1
 
@@ -161,10 +163,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="threads running encode_batch (the tokenizers library releases the GIL)")
     metrics.add_flag(p, "LAYA_TOKENIZER_METRICS")
     draining.add_flag(p)
+    add_observability_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("tokenizer")
+    setup_observability("tokenizer", args)
     try:
         sources = parse_checkpoint_specs(args.checkpoint)
     except LayaError as e:

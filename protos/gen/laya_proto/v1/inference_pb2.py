@@ -26,7 +26,7 @@ from laya_proto.v1 import tokens_pb2 as laya__proto_dot_v1_dot_tokens__pb2
 from laya_proto.v1 import status_pb2 as laya__proto_dot_v1_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlaya_proto/v1/inference.proto\x12\rlaya_proto.v1\x1a\x1alaya_proto/v1/tokens.proto\x1a\x1alaya_proto/v1/status.proto\"J\n\x0cInferRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12&\n\x04rows\x18\x02 \x01(\x0b\x32\x18.laya_proto.v1.TokenRows\"\xb0\x01\n\rInferResponse\x12\x0e\n\x06logits\x18\x01 \x01(\x0c\x12\x15\n\rprobabilities\x18\x02 \x01(\x0c\x12\x12\n\nact_logits\x18\x03 \x01(\x0c\x12\r\n\x05n_act\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x10\n\x08queue_ms\x18\x07 \x01(\x01\x12\x10\n\x08model_ms\x18\x08 \x01(\x01\x12\x12\n\nbatch_rows\x18\t \x01(\r\"E\n\tInferCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12,\n\x07request\x18\x02 \x01(\x0b\x32\x1b.laya_proto.v1.InferRequest\"\x7f\n\nInferReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x30\n\x08response\x18\x02 \x01(\x0b\x32\x1c.laya_proto.v1.InferResponseH\x00\x12)\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x18.laya_proto.v1.CallErrorH\x00\x42\x08\n\x06result\"\x18\n\x16ListCheckpointsRequest\"O\n\x17ListCheckpointsResponse\x12\x34\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x1f.laya_proto.v1.CheckpointStatus\"+\n\x15LoadCheckpointRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\t2\xf9\x03\n\x10InferenceService\x12\x42\n\x05Infer\x12\x1b.laya_proto.v1.InferRequest\x1a\x1c.laya_proto.v1.InferResponse\x12\x46\n\x0bInferStream\x12\x18.laya_proto.v1.InferCall\x1a\x19.laya_proto.v1.InferReply(\x01\x30\x01\x12\x65\n\x0fListCheckpoints\x12%.laya_proto.v1.ListCheckpointsRequest\x1a&.laya_proto.v1.ListCheckpointsResponse\"\x03\x90\x02\x01\x12W\n\x0eLoadCheckpoint\x12$.laya_proto.v1.LoadCheckpointRequest\x1a\x1f.laya_proto.v1.CheckpointStatus\x12L\n\tGetStatus\x12\x1c.laya_proto.v1.StatusRequest\x1a\x1c.laya_proto.v1.ServiceStatus\"\x03\x90\x02\x01\x12K\n\x0bWatchStatus\x12\x1c.laya_proto.v1.StatusRequest\x1a\x1c.laya_proto.v1.ServiceStatus0\x01\x42\\\n\x11\x64\x65v.laya.proto.v1B\x0eInferenceProtoP\x01Z%laya-grpc/gen/go/laya_proto/v1;layav1\xaa\x02\rLaya.Proto.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlaya_proto/v1/inference.proto\x12\rlaya_proto.v1\x1a\x1alaya_proto/v1/tokens.proto\x1a\x1alaya_proto/v1/status.proto\"v\n\x0cInferRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12&\n\x04rows\x18\x02 \x01(\x0b\x32\x18.laya_proto.v1.TokenRows\x12*\n\x07origins\x18\x03 \x03(\x0b\x32\x19.laya_proto.v1.CallOrigin\"\xb0\x01\n\rInferResponse\x12\x0e\n\x06logits\x18\x01 \x01(\x0c\x12\x15\n\rprobabilities\x18\x02 \x01(\x0c\x12\x12\n\nact_logits\x18\x03 \x01(\x0c\x12\r\n\x05n_act\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x10\n\x08queue_ms\x18\x07 \x01(\x01\x12\x10\n\x08model_ms\x18\x08 \x01(\x01\x12\x12\n\nbatch_rows\x18\t \x01(\r\"E\n\tInferCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12,\n\x07request\x18\x02 \x01(\x0b\x32\x1b.laya_proto.v1.InferRequest\"\x7f\n\nInferReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x30\n\x08response\x18\x02 \x01(\x0b\x32\x1c.laya_proto.v1.InferResponseH\x00\x12)\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x18.laya_proto.v1.CallErrorH\x00\x42\x08\n\x06result\"\x18\n\x16ListCheckpointsRequest\"O\n\x17ListCheckpointsResponse\x12\x34\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x1f.laya_proto.v1.CheckpointStatus\"+\n\x15LoadCheckpointRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\t2\xf9\x03\n\x10InferenceService\x12\x42\n\x05Infer\x12\x1b.laya_proto.v1.InferRequest\x1a\x1c.laya_proto.v1.InferResponse\x12\x46\n\x0bInferStream\x12\x18.laya_proto.v1.InferCall\x1a\x19.laya_proto.v1.InferReply(\x01\x30\x01\x12\x65\n\x0fListCheckpoints\x12%.laya_proto.v1.ListCheckpointsRequest\x1a&.laya_proto.v1.ListCheckpointsResponse\"\x03\x90\x02\x01\x12W\n\x0eLoadCheckpoint\x12$.laya_proto.v1.LoadCheckpointRequest\x1a\x1f.laya_proto.v1.CheckpointStatus\x12L\n\tGetStatus\x12\x1c.laya_proto.v1.StatusRequest\x1a\x1c.laya_proto.v1.ServiceStatus\"\x03\x90\x02\x01\x12K\n\x0bWatchStatus\x12\x1c.laya_proto.v1.StatusRequest\x1a\x1c.laya_proto.v1.ServiceStatus0\x01\x42\\\n\x11\x64\x65v.laya.proto.v1B\x0eInferenceProtoP\x01Z%laya-grpc/gen/go/laya_proto/v1;layav1\xaa\x02\rLaya.Proto.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,19 +39,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFERENCESERVICE'].methods_by_name['GetStatus']._loaded_options = None
   _globals['_INFERENCESERVICE'].methods_by_name['GetStatus']._serialized_options = b'\220\002\001'
   _globals['_INFERREQUEST']._serialized_start=104
-  _globals['_INFERREQUEST']._serialized_end=178
-  _globals['_INFERRESPONSE']._serialized_start=181
-  _globals['_INFERRESPONSE']._serialized_end=357
-  _globals['_INFERCALL']._serialized_start=359
-  _globals['_INFERCALL']._serialized_end=428
-  _globals['_INFERREPLY']._serialized_start=430
-  _globals['_INFERREPLY']._serialized_end=557
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=559
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=583
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=585
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=664
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=666
-  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=709
-  _globals['_INFERENCESERVICE']._serialized_start=712
-  _globals['_INFERENCESERVICE']._serialized_end=1217
+  _globals['_INFERREQUEST']._serialized_end=222
+  _globals['_INFERRESPONSE']._serialized_start=225
+  _globals['_INFERRESPONSE']._serialized_end=401
+  _globals['_INFERCALL']._serialized_start=403
+  _globals['_INFERCALL']._serialized_end=472
+  _globals['_INFERREPLY']._serialized_start=474
+  _globals['_INFERREPLY']._serialized_end=601
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=603
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=627
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=629
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=708
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_start=710
+  _globals['_LOADCHECKPOINTREQUEST']._serialized_end=753
+  _globals['_INFERENCESERVICE']._serialized_start=756
+  _globals['_INFERENCESERVICE']._serialized_end=1261
 # @@protoc_insertion_point(module_scope)

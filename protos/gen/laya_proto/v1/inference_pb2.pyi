@@ -9,12 +9,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InferRequest(_message.Message):
-    __slots__ = ("checkpoint", "rows")
+    __slots__ = ("checkpoint", "rows", "origins")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    ORIGINS_FIELD_NUMBER: _ClassVar[int]
     checkpoint: str
     rows: _tokens_pb2.TokenRows
-    def __init__(self, checkpoint: _Optional[str] = ..., rows: _Optional[_Union[_tokens_pb2.TokenRows, _Mapping]] = ...) -> None: ...
+    origins: _containers.RepeatedCompositeFieldContainer[_tokens_pb2.CallOrigin]
+    def __init__(self, checkpoint: _Optional[str] = ..., rows: _Optional[_Union[_tokens_pb2.TokenRows, _Mapping]] = ..., origins: _Optional[_Iterable[_Union[_tokens_pb2.CallOrigin, _Mapping]]] = ...) -> None: ...
 
 class InferResponse(_message.Message):
     __slots__ = ("logits", "probabilities", "act_logits", "n_act", "device", "dtype", "queue_ms", "model_ms", "batch_rows")

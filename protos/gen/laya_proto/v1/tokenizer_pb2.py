@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from laya_proto.v1 import tokens_pb2 as laya__proto_dot_v1_dot_tokens__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlaya_proto/v1/tokenizer.proto\x12\rlaya_proto.v1\x1a\x1alaya_proto/v1/tokens.proto\"e\n\x0cQuestionText\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x14\n\x0cinstructions\x18\x03 \x01(\t\x12\x0f\n\x07options\x18\x04 \x03(\t\x12\x14\n\x0coption_order\x18\x05 \x03(\x05\"\xd0\x01\n\x0fTokenizeRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12\x13\n\x0bstates_json\x18\x02 \x03(\t\x12\x16\n\x0equestions_json\x18\x03 \x01(\t\x12.\n\tquestions\x18\x06 \x03(\x0b\x32\x1b.laya_proto.v1.QuestionText\x12\x14\n\x07max_len\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0chead_max_len\x18\x05 \x01(\rH\x01\x88\x01\x01\x42\n\n\x08_max_lenB\x0f\n\r_head_max_len\"{\n\x10TokenizeResponse\x12&\n\x04rows\x18\x01 \x01(\x0b\x32\x18.laya_proto.v1.TokenRows\x12\x16\n\x0erows_per_state\x18\x02 \x01(\r\x12\x12\n\nusage_json\x18\x03 \x03(\t\x12\x13\n\x0btokenize_ms\x18\x04 \x01(\x01\"*\n\x14TokenizerInfoRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\"\xc7\x01\n\rTokenizerInfo\x12\x33\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\".laya_proto.v1.TokenizerInfo.Entry\x1a\x80\x01\n\x05\x45ntry\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0f\n\x07max_len\x18\x03 \x01(\r\x12\x14\n\x0chead_max_len\x18\x04 \x01(\r\x12\x17\n\x0fparallel_layout\x18\x05 \x01(\x08\x12\x0e\n\x06pad_id\x18\x06 \x01(\x05\"K\n\x0cTokenizeCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x07request\x18\x02 \x01(\x0b\x32\x1e.laya_proto.v1.TokenizeRequest\"\x85\x01\n\rTokenizeReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x33\n\x08response\x18\x02 \x01(\x0b\x32\x1f.laya_proto.v1.TokenizeResponseH\x00\x12)\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x18.laya_proto.v1.CallErrorH\x00\x42\x08\n\x06result2\x8c\x02\n\x10TokenizerService\x12K\n\x08Tokenize\x12\x1e.laya_proto.v1.TokenizeRequest\x1a\x1f.laya_proto.v1.TokenizeResponse\x12O\n\x0eTokenizeStream\x12\x1b.laya_proto.v1.TokenizeCall\x1a\x1c.laya_proto.v1.TokenizeReply(\x01\x30\x01\x12Z\n\x10GetTokenizerInfo\x12#.laya_proto.v1.TokenizerInfoRequest\x1a\x1c.laya_proto.v1.TokenizerInfo\"\x03\x90\x02\x01\x42\\\n\x11\x64\x65v.laya.proto.v1B\x0eTokenizerProtoP\x01Z%laya-grpc/gen/go/laya_proto/v1;layav1\xaa\x02\rLaya.Proto.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlaya_proto/v1/tokenizer.proto\x12\rlaya_proto.v1\x1a\x1alaya_proto/v1/tokens.proto\"e\n\x0cQuestionText\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x14\n\x0cinstructions\x18\x03 \x01(\t\x12\x0f\n\x07options\x18\x04 \x03(\t\x12\x14\n\x0coption_order\x18\x05 \x03(\x05\"\xfb\x01\n\x0fTokenizeRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12\x13\n\x0bstates_json\x18\x02 \x03(\t\x12\x16\n\x0equestions_json\x18\x03 \x01(\t\x12.\n\tquestions\x18\x06 \x03(\x0b\x32\x1b.laya_proto.v1.QuestionText\x12\x14\n\x07max_len\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0chead_max_len\x18\x05 \x01(\rH\x01\x88\x01\x01\x12)\n\x06origin\x18\x07 \x01(\x0b\x32\x19.laya_proto.v1.CallOriginB\n\n\x08_max_lenB\x0f\n\r_head_max_len\"{\n\x10TokenizeResponse\x12&\n\x04rows\x18\x01 \x01(\x0b\x32\x18.laya_proto.v1.TokenRows\x12\x16\n\x0erows_per_state\x18\x02 \x01(\r\x12\x12\n\nusage_json\x18\x03 \x03(\t\x12\x13\n\x0btokenize_ms\x18\x04 \x01(\x01\"*\n\x14TokenizerInfoRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\"\xc7\x01\n\rTokenizerInfo\x12\x33\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\".laya_proto.v1.TokenizerInfo.Entry\x1a\x80\x01\n\x05\x45ntry\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x0f\n\x07max_len\x18\x03 \x01(\r\x12\x14\n\x0chead_max_len\x18\x04 \x01(\r\x12\x17\n\x0fparallel_layout\x18\x05 \x01(\x08\x12\x0e\n\x06pad_id\x18\x06 \x01(\x05\"K\n\x0cTokenizeCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x07request\x18\x02 \x01(\x0b\x32\x1e.laya_proto.v1.TokenizeRequest\"\x85\x01\n\rTokenizeReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x33\n\x08response\x18\x02 \x01(\x0b\x32\x1f.laya_proto.v1.TokenizeResponseH\x00\x12)\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x18.laya_proto.v1.CallErrorH\x00\x42\x08\n\x06result2\x8c\x02\n\x10TokenizerService\x12K\n\x08Tokenize\x12\x1e.laya_proto.v1.TokenizeRequest\x1a\x1f.laya_proto.v1.TokenizeResponse\x12O\n\x0eTokenizeStream\x12\x1b.laya_proto.v1.TokenizeCall\x1a\x1c.laya_proto.v1.TokenizeReply(\x01\x30\x01\x12Z\n\x10GetTokenizerInfo\x12#.laya_proto.v1.TokenizerInfoRequest\x1a\x1c.laya_proto.v1.TokenizerInfo\"\x03\x90\x02\x01\x42\\\n\x11\x64\x65v.laya.proto.v1B\x0eTokenizerProtoP\x01Z%laya-grpc/gen/go/laya_proto/v1;layav1\xaa\x02\rLaya.Proto.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,19 +38,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_QUESTIONTEXT']._serialized_start=76
   _globals['_QUESTIONTEXT']._serialized_end=177
   _globals['_TOKENIZEREQUEST']._serialized_start=180
-  _globals['_TOKENIZEREQUEST']._serialized_end=388
-  _globals['_TOKENIZERESPONSE']._serialized_start=390
-  _globals['_TOKENIZERESPONSE']._serialized_end=513
-  _globals['_TOKENIZERINFOREQUEST']._serialized_start=515
-  _globals['_TOKENIZERINFOREQUEST']._serialized_end=557
-  _globals['_TOKENIZERINFO']._serialized_start=560
-  _globals['_TOKENIZERINFO']._serialized_end=759
-  _globals['_TOKENIZERINFO_ENTRY']._serialized_start=631
-  _globals['_TOKENIZERINFO_ENTRY']._serialized_end=759
-  _globals['_TOKENIZECALL']._serialized_start=761
-  _globals['_TOKENIZECALL']._serialized_end=836
-  _globals['_TOKENIZEREPLY']._serialized_start=839
-  _globals['_TOKENIZEREPLY']._serialized_end=972
-  _globals['_TOKENIZERSERVICE']._serialized_start=975
-  _globals['_TOKENIZERSERVICE']._serialized_end=1243
+  _globals['_TOKENIZEREQUEST']._serialized_end=431
+  _globals['_TOKENIZERESPONSE']._serialized_start=433
+  _globals['_TOKENIZERESPONSE']._serialized_end=556
+  _globals['_TOKENIZERINFOREQUEST']._serialized_start=558
+  _globals['_TOKENIZERINFOREQUEST']._serialized_end=600
+  _globals['_TOKENIZERINFO']._serialized_start=603
+  _globals['_TOKENIZERINFO']._serialized_end=802
+  _globals['_TOKENIZERINFO_ENTRY']._serialized_start=674
+  _globals['_TOKENIZERINFO_ENTRY']._serialized_end=802
+  _globals['_TOKENIZECALL']._serialized_start=804
+  _globals['_TOKENIZECALL']._serialized_end=879
+  _globals['_TOKENIZEREPLY']._serialized_start=882
+  _globals['_TOKENIZEREPLY']._serialized_end=1015
+  _globals['_TOKENIZERSERVICE']._serialized_start=1018
+  _globals['_TOKENIZERSERVICE']._serialized_end=1286
 # @@protoc_insertion_point(module_scope)

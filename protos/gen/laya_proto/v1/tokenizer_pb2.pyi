@@ -22,20 +22,22 @@ class QuestionText(_message.Message):
     def __init__(self, id: _Optional[str] = ..., type: _Optional[str] = ..., instructions: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ..., option_order: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("checkpoint", "states_json", "questions_json", "questions", "max_len", "head_max_len")
+    __slots__ = ("checkpoint", "states_json", "questions_json", "questions", "max_len", "head_max_len", "origin")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     STATES_JSON_FIELD_NUMBER: _ClassVar[int]
     QUESTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
     QUESTIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_LEN_FIELD_NUMBER: _ClassVar[int]
     HEAD_MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     checkpoint: str
     states_json: _containers.RepeatedScalarFieldContainer[str]
     questions_json: str
     questions: _containers.RepeatedCompositeFieldContainer[QuestionText]
     max_len: int
     head_max_len: int
-    def __init__(self, checkpoint: _Optional[str] = ..., states_json: _Optional[_Iterable[str]] = ..., questions_json: _Optional[str] = ..., questions: _Optional[_Iterable[_Union[QuestionText, _Mapping]]] = ..., max_len: _Optional[int] = ..., head_max_len: _Optional[int] = ...) -> None: ...
+    origin: _tokens_pb2.CallOrigin
+    def __init__(self, checkpoint: _Optional[str] = ..., states_json: _Optional[_Iterable[str]] = ..., questions_json: _Optional[str] = ..., questions: _Optional[_Iterable[_Union[QuestionText, _Mapping]]] = ..., max_len: _Optional[int] = ..., head_max_len: _Optional[int] = ..., origin: _Optional[_Union[_tokens_pb2.CallOrigin, _Mapping]] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("rows", "rows_per_state", "usage_json", "tokenize_ms")

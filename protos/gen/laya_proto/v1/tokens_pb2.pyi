@@ -24,6 +24,14 @@ class TokenRows(_message.Message):
     tokenizer_fingerprint: str
     def __init__(self, ids: _Optional[bytes] = ..., row_offsets: _Optional[bytes] = ..., markers: _Optional[bytes] = ..., marker_offsets: _Optional[bytes] = ..., qtypes: _Optional[bytes] = ..., position_ids: _Optional[bytes] = ..., option_ids: _Optional[bytes] = ..., tokenizer_fingerprint: _Optional[str] = ...) -> None: ...
 
+class CallOrigin(_message.Message):
+    __slots__ = ("request_id", "traceparent")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    traceparent: str
+    def __init__(self, request_id: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
+
 class CallError(_message.Message):
     __slots__ = ("kind", "detail")
     KIND_FIELD_NUMBER: _ClassVar[int]
