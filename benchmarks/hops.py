@@ -7,6 +7,12 @@ service's own model_ms/queue_ms. Point it at a `laya-grpc serve --run-dir DIR` s
     .venv/bin/python -m benchmarks.hops --run-dir DIR --http 127.0.0.1:18000 --grpc 127.0.0.1:50551 \
         [--checkpoint english] [-n 500] [--inproc /path/to/checkpoint]
 
+`--empty` instead measures one local hop's bare price: an empty call to a process that answers at
+once, over a gRPC stream (what the gateway used) and over ZeroMQ IPC (`laya_grpc/core/ipc.py`),
+sequential p50/p95 and calls/s with 64 callers (no stack needed). `--transport grpc|ipc` adds
+the two hops as the gateway makes them (`laya_grpc.bench.hops.hop_breakdown`) over that transport
+to the table: start the stack with the same `serve --local-transport`.
+
 `--inproc` also times the same request in this process (`laya_grpc.cli.predictor.Predictor`, torch CPU).
 On a small CPU-only machine start the stack with OMP_NUM_THREADS=1: torch's intra-op threads spin
 between forwards (~10 ms of CPU per request measured on 2 cores) and take the cores the gateway
@@ -64,15 +70,27 @@ def pct(xs, q):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--run-dir", required=True, help="the serve --run-dir (tokenizer-0.sock, inference.sock)")
-    p.add_argument("--http", required=True)
-    p.add_argument("--grpc", required=True)
+    p.add_argument("--empty", action="store_true", help="the empty hop over gRPC stream vs IPC; nothing else")
+    p.add_argument("--transport", choices=["grpc", "ipc"], default=None,
+                   help="also the tokenizer and inference hops over this transport (as the gateway makes them)")
+    p.add_argument("--run-dir", default=None, help="the serve --run-dir (tokenizer-0.sock, inference.sock)")
+    p.add_argument("--http", default=None)
+    p.add_argument("--grpc", default=None)
     p.add_argument("--checkpoint", default="english")
     p.add_argument("-n", type=int, default=500)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--inproc", default=None, help="checkpoint directory: also time the request in this process")
     p.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     a = p.parse_args()
+    if a.empty:
+        from laya_grpc.bench.hops import empty_round_trips
+        print("%-10s %9s %9s %14s   (empty call to another process, n=%d sequential)" % (
+            "transport", "p50 ms", "p95 ms", "calls/s @64", a.n))
+        for r in empty_round_trips(n=a.n):
+            print("%-10s %9.3f %9.3f %14.0f" % (r["transport"], r["p50_ms"], r["p95_ms"], r["calls_per_s"]))
+        return
+    if not (a.run_dir and a.http and a.grpc):
+        p.error("--run-dir, --http and --grpc are needed (or --empty)")
 
     from laya_grpc.client import LayaClient
     tok = tokenizer_pb2_grpc.TokenizerServiceStub(
@@ -115,6 +133,10 @@ def main() -> None:
     m50 = rows["  inference model_ms"][0]
     for name in ("inference RPC", "gRPC Decide", "HTTP /v1/systemone"):   # serving overhead, roughly
         rows["  %s - model p50" % name.split()[0]] = (rows[name][0] - m50, float("nan"))
+    if a.transport:
+        from laya_grpc.bench.hops import hop_breakdown
+        for k, v in hop_breakdown(a.run_dir, a.transport, STATE, QUESTIONS, a.checkpoint, a.n).items():
+            rows["%s %s" % (a.transport, k)] = (v["p50_ms"], v["p95_ms"])
     if a.json:
         print(json.dumps({k: {"p50_ms": round(v[0], 3), "p95_ms": round(v[1], 3)} for k, v in rows.items()}))
         return

@@ -25,12 +25,15 @@ def test_bench_smoke(tmp_path):
     kinds = {(x["target"], x["kind"]) for x in recs}
     for want in [("suite", "environment"), ("engine", "latency"), ("engine", "parity"), ("upstream", "latency"),
                  ("upstream", "ab"), ("grpc", "latency"), ("http", "latency"), ("http", "concurrency"),
-                 ("service", "startup"), ("engine", "idle_gap")]:
+                 ("service", "startup"), ("engine", "idle_gap"), ("service", "hops")]:
         assert want in kinds, want
+    hops = next(x for x in recs if x["kind"] == "hops" and x["input"] == "short")
+    assert hops["transport"] == "ipc" and hops["model"]["n"] > 0 and hops["tokenize_server"]["p50_ms"] > 0
+    assert "HTTP - in-process" in r.stdout   # each change to the served path shows its cost in the CI log
     parity = next(x for x in recs if x["kind"] == "parity")
     assert parity["passed"] and parity["max_abs_dp"] == 0.0   # CPU fp32 against itself: exact
     report = (out / "report.md").read_text()
-    assert "Warm latency" in report and "our HTTP gateway" in report
+    assert "Warm latency" in report and "our HTTP gateway" in report and "per-hop breakdown" in report
 
 
 def test_bench_smoke_mlx_backend(tmp_path):

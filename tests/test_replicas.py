@@ -79,10 +79,10 @@ def health_of(address: str) -> str:
 
 
 def calls(metrics_port: int, service: str, serving: str) -> float:
-    """laya_backend_calls_total{service, serving} read from a replica's /metrics."""
+    """laya_<service>_calls_total{serving} read from a replica's /metrics."""
     with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=2) as r:
         text = r.read().decode()
-    m = re.search(r'laya_backend_calls_total\{service="%s",serving="%s"\} ([0-9.e+]+)' % (service, serving), text)
+    m = re.search(r'laya_%s_calls_total\{serving="%s"\} ([0-9.e+]+)' % (service, serving), text)
     return float(m.group(1)) if m else 0.0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 
+from . import hops_report
+
 TARGETS = ("upstream", "upstream-compiled", "engine", "grpc", "http")
 LABEL = {"upstream": "upstream laya eager", "upstream-compiled": "upstream laya compile=True",
          "engine": "our engine (in-process)", "grpc": "our gRPC Decide", "http": "our HTTP gateway"}
@@ -19,8 +21,14 @@ def load(path: str) -> list:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def hop_summary(jsonl: str) -> str:
+    return hops_report.summary(load(jsonl))
+
+
 def write_report(jsonl: str, out_dir: str) -> str:
-    recs = load(jsonl)
+    all_recs = load(jsonl)
+    main = hops_report.primary(all_recs)   # the main tables show the first transport; all are side by side below
+    recs = [r for r in all_recs if r.get("transport", main) == main]
     by = lambda t, k: [r for r in recs if r["target"] == t and r["kind"] == k]  # noqa: E731
     env = (by("suite", "environment") or [{}])[0]
     L = ["# laya-grpc benchmark", "",
@@ -104,7 +112,8 @@ def write_report(jsonl: str, out_dir: str) -> str:
         for r in by("engine", "keep_warm_cost"):
             L.append("\nkeep-warm cost: %d extra forwards in %.1f s of quiet (one short forward every %g s)."
                      % (r["forwards"], r["seconds"], r["keep_warm_s"]))
-    errs = [r for r in recs if r["kind"] == "error" or (r["kind"] == "process" and r["returncode"])]
+    L += hops_report.section(all_recs)
+    errs = [r for r in all_recs if r["kind"] == "error" or (r["kind"] == "process" and r["returncode"])]
     if errs:
         L += ["", "## Failures", ""] + ["- `%s`" % json.dumps(r) for r in errs]
     L += ["", "## Plots", ""] + _plots(recs, out_dir)

@@ -17,6 +17,7 @@ import tempfile
 import time
 import numpy as np
 
+from . import hops
 from .inputs import Case, named_cases, random_cases
 from .stats import summary_ms
 
@@ -264,10 +265,12 @@ def first_requests(s: "Served", case: Case, model: str, warm_n: int = 50) -> dic
     return {"http": http, "grpc": grpc_rec}
 
 
-def run_service(a, rec, ckpt: str, model: str) -> None:
-    """Readiness, first request, warm latency per input, concurrency sweep, memory: HTTP and gRPC."""
+def run_service(a, rec, ckpt: str, model: str, transport: str = "ipc") -> None:
+    """Readiness, first request, warm latency per input, the per-hop breakdown, concurrency sweep,
+    memory: HTTP and gRPC, with `serve`'s children reached over `transport`."""
     env = {"LAYA_MAX_CONCURRENT": str(a.max_concurrent)}
     extra = ["--backend", a.backend, "--dtype", a.dtype] + (["--device", a.device] if a.device != "auto" else [])
+    extra += ["--local-transport", transport]
     s = Served({model: ckpt}, extra, env)
     try:
         ready_s = s.wait_ready(a.ready_timeout)
@@ -285,6 +288,10 @@ def run_service(a, rec, ckpt: str, model: str) -> None:
             for conc in a.concurrency:
                 r = load(kind, addr, [cases[0]], model, conc, a.duration, procs=min(conc, a.client_procs))
                 rec(kind, "concurrency", input="short", **r)
+        for c in cases:
+            rec("service", "hops", input=c.name, **hops.hop_breakdown(s.run_dir, transport, c.state, c.questions,
+                                                                       model, a.iters))
+            rec("http", "stages", input=c.name, **hops.http_breakdown(s.http, body(c, model), a.iters))
         soak = random_cases(a.soak)
         load("http", s.http, soak, model, 8, a.duration, procs=2)
         rec("service", "memory", phase="after_random_soak", children=s.children(), gpu_mb_by_pid=gpu_used_by_pids())

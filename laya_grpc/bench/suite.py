@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--soak", env="LAYA_BENCH_SOAK", default=None, type=int,
               help="random-length requests the engine answers before its memory is read again (the issue "
                    "asks 10,000: ~30-60 s on an H200)")
+    flags.add(p, "--transports", env="LAYA_BENCH_TRANSPORTS", default="ipc",
+              help="comma list of serve --local-transport values (ipc, grpc): the service stage runs once per "
+                   "transport, side by side in one report with a per-hop table each")
     flags.add(p, "--max-concurrent", env="LAYA_BENCH_MAX_CONCURRENT", default=256, type=int,
               help="the gateway's admission bound during the run (LAYA_MAX_CONCURRENT)")
 
@@ -100,7 +103,7 @@ def environment(a) -> dict:
 
 def run(a) -> int:
     _defaults(a)
-    from .report import write_report
+    from .report import hop_summary, write_report
     from .service import run_service
     from laya_grpc.cli.make_checkpoint import make_checkpoint
     os.makedirs(a.out, exist_ok=True)
@@ -135,11 +138,12 @@ def run(a) -> int:
                 failed.append(st)
             continue
         if st == "service":
-            try:
-                run_service(a, rec, ckpt, "english")
-            except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
-                rec("service", "error", detail="%s: %s" % (type(e).__name__, e))
-                failed.append(st)
+            for tr in [t for t in a.transports.split(",") if t]:
+                try:
+                    run_service(a, lambda target, kind, **f: rec(target, kind, transport=tr, **f), ckpt, "english", tr)
+                except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
+                    rec("service", "error", transport=tr, detail="%s: %s" % (type(e).__name__, e))
+                    failed.append("%s (%s)" % (st, tr))
             continue
         cmd = [sys.executable, "-m", "laya_grpc.bench.inproc", st, "--ckpt", ckpt, "--out", path, "--device", a.device,
                "--backend", a.backend, "--dtype", a.dtype, "--iters", str(a.iters), "--soak", str(a.soak), "--parity-n", str(a.parity_n),
@@ -150,6 +154,7 @@ def run(a) -> int:
         if r.returncode:
             failed.append(st)
     md = write_report(path, a.out)
+    print(hop_summary(path))
     print("report: %s" % md)
     if failed:
         print("laya-grpc bench: stage(s) failed: %s (see %s)" % (", ".join(failed), path), file=sys.stderr)

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from laya_grpc.core import draining, flags, metrics
+from laya_grpc.core import draining, flags, ipc, metrics
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_logging
 from laya_grpc.core.sources import parse_checkpoint_specs
@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
               help="one Prometheus endpoint for every process of this serve (each family exported by the "
                    "service it describes, summed across gateway and tokenizer workers; off by default)")
+    flags.add(p, "--local-transport", env="LAYA_LOCAL_TRANSPORT", default="ipc", choices=["ipc", "grpc"],
+              help="how the gateway sends Tokenize and Infer calls to the children: 'ipc' = ZeroMQ unix sockets "
+                   "(less per-request overhead), 'grpc' = gRPC streams over unix sockets (for platforms without "
+                   "ZeroMQ ipc, and to compare); health and status always use gRPC")
     draining.add_flag(p)
     add_observability_flags(p)
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
@@ -73,8 +77,8 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     names = ["inference"] if len(devices) == 1 else ["inference-%d" % k for k in range(len(devices))]
     infs = ["unix:" + os.path.join(run_dir, n + ".sock") for n in names]
     grace = ["--drain-grace-s", str(args.drain_grace_s)]
-    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + grace)
-                for i, t in enumerate(toks)]
+    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + grace
+                      + local_ipc(args, run_dir, "tokenizer-%d" % i)[0]) for i, t in enumerate(toks)]
     inference = me + ["inference", "--backend", args.backend,
                       "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
                       "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
@@ -87,14 +91,24 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     if args.no_warmup:
         inference.append("--no-warmup")
     for name, inf, device in zip(names, infs, devices):
-        children.append(Child(name, inference + ["--listen", inf, "--device", device]))
-    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc, "--inference", ",".join(infs)] + ck + grace
-    for t in toks:
-        gw += ["--tokenizer", t]
+        children.append(Child(name, inference + ["--listen", inf, "--device", device] + local_ipc(args, run_dir, name)[0]))
+    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc,
+               "--inference", ",".join(local_ipc(args, run_dir, n)[1] or i for n, i in zip(names, infs))] + ck + grace
+    for i, t in enumerate(toks):
+        gw += ["--tokenizer", local_ipc(args, run_dir, "tokenizer-%d" % i)[1] or t]
     if n_gw > 1:
         gw.append("--reuse-port")
     children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]) for i in range(n_gw)]
     return children
+
+
+def local_ipc(args: argparse.Namespace, run_dir: str, name: str) -> tuple:
+    """(the child's extra flags, the gateway's address for it) when calls go over ZeroMQ IPC; the
+    child keeps its gRPC socket NAME.sock for health and status."""
+    if args.local_transport != "ipc":
+        return [], None
+    endpoint = "ipc://" + os.path.join(run_dir, name + ".ipc")
+    return ["--ipc", endpoint], ipc.address(endpoint, "unix:" + os.path.join(run_dir, name + ".sock"))
 
 
 def inference_devices(device: str, replicas: int) -> list:

@@ -77,12 +77,13 @@ QUEUE_DEPTH = _Family(Gauge, "laya_inference_queue_rows", "Rows waiting for the 
 CHECKPOINT_READY = _Family(Gauge, "laya_inference_checkpoint_ready", "1 when the checkpoint is loaded and warm",
                            ["checkpoint"], multiprocess_mode="livemax")
 
-# tokenizer and inference replicas
-CALLS = _Family(Counter, "laya_backend_calls_total", "Tokenize and Infer calls this replica received, by whether it "
-                "reported SERVING when each arrived (calls while not serving mean a client ignored its health)",
-                ["service", "serving"])
+INFERENCE_CALLS = _Family(Counter, "laya_inference_calls_total", "Infer calls this replica received, by whether it "
+                          "reported SERVING when each arrived (calls while not serving mean a client ignored its "
+                          "health)", ["serving"])
 
 # tokenizer
+TOKENIZER_CALLS = _Family(Counter, "laya_tokenizer_calls_total", "Tokenize calls this replica received, by whether "
+                          "it reported SERVING when each arrived", ["serving"])
 TOKENIZE_JOBS = _Family(Histogram, "laya_tokenizer_jobs_per_batch", "Requests sharing one encode_batch call",
                         buckets=(1, 2, 4, 8, 16, 32, 64))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from laya_grpc.core import request_id, tracing
+from laya_grpc.core import request_id, timing, tracing
 from laya_grpc.core.confidence_gate import Threshold, apply_gate
 from laya_grpc.core.decode import MODEL_TAG, add_serve_fields, decode_answer, empty_result, project_jev_strict
 from laya_grpc.core.questions import Question
@@ -41,9 +41,12 @@ class Decider:
     async def decide(self, req: DecideRequest) -> dict[str, Any]:
         """One state: upstream's `/v1/systemone` response dict."""
         decision = self._route(req.state, req.raw_questions, req.controls)
+        timing.mark("route")
         [result] = await self.answer(decision.model, [req.state], req.questions, req.controls.max_len,
                                      req.controls.head_max_len)
-        return self._finish(result, decision, req.controls.min_confidence)
+        result = self._finish(result, decision, req.controls.min_confidence)
+        timing.mark("decode")
+        return result
 
     async def decide_batch(self, req: BatchRequest) -> dict[str, Any]:
         """Many states, one question set: upstream's `/v1/systemone/batch` response dict.
@@ -86,10 +89,13 @@ class Decider:
         try:
             request_id.note_checkpoint(checkpoint)
             temperatures = await self._temperatures_of(checkpoint)
+            timing.mark("route")
             with tracing.span("tokenize", checkpoint=checkpoint, states=len(states)):
                 encoded = await self.services.tokenize(checkpoint, list(states), questions, max_len, head_max_len)
+            timing.mark("tokenizer_hop")
             with tracing.span("infer", checkpoint=checkpoint):
                 out = await self.services.infer(checkpoint, [enc.rows for enc in encoded])
+            timing.mark("inference_hop")
         finally:
             self.inflight -= 1
         results, r = [], 0

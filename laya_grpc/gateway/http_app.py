@@ -26,6 +26,8 @@ from starlette.routing import Route
 from laya_grpc.core import request_scope
 from laya_grpc.core.errors import Kind, LayaError
 
+from laya_grpc.core import timing
+
 from .admission import Admission, read_body
 from . import deadline
 from .contract import parse_batch_body, parse_decide_body
@@ -126,12 +128,15 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
                 return response
 
         async def answer(request: Request) -> Response:
+            t = timing.start() if request.headers.get(timing.REQUEST_HEADER) == "1" else None
             if not authorized(request):
                 raise LayaError(Kind.UNAUTHENTICATED, UNAUTHORIZED_DETAIL)
             async with admission.slot():
                 raw = await read_body(request.stream(), request.headers.get("content-length"),
                                       settings.body_read_timeout)
+                timing.mark("admission_body")
                 req = parse(raw, decider.route_table, settings.max_token_budget)
+                timing.mark("parse")
                 t0 = time.perf_counter()
                 try:
                     with deadline.within(request_timeout_s or None):
@@ -142,8 +147,12 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
                     _log.exception("inference failed")
                     raise LayaError(Kind.INTERNAL, INTERNAL_DETAIL) from error
                 ms = "%.2f" % ((time.perf_counter() - t0) * 1000.0)
-                return json_response(result, headers={"Server-Timing": "inference;dur=" + ms,
+                resp = json_response(result, headers={"Server-Timing": "inference;dur=" + ms,
                                                       "X-Inference-Time-Ms": ms})
+                if t is not None:
+                    t.mark("render")
+                    resp.headers[timing.REQUEST_HEADER] = t.header()
+                return resp
         return endpoint
 
     async def health(request: Request) -> Response:

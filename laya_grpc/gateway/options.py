@@ -36,9 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "the name resolves to, re-resolved by gRPC); calls are spread by gRPC round_robin over the "
                 "replicas that report SERVING and a call that fails UNAVAILABLE is retried once on another")
     flags.add(p, "--tokenizer", env="LAYA_TOKENIZER_ADDRESSES", append=True, default=["127.0.0.1:50053"],
-              help="tokenizer service address" + replicas)
+              help="tokenizer service address" + replicas + ". ipc:///PATH?grpc=ADDRESS sends Tokenize calls over "
+                   "ZeroMQ on that unix socket (same host) and keeps health on the gRPC ADDRESS")
     flags.add(p, "--inference", env="LAYA_INFERENCE_ADDRESS", default="127.0.0.1:50052",
-              help="inference service address" + replicas + "; every replica must serve the same checkpoint set")
+              help="inference service address" + replicas + "; every replica must serve the same checkpoint set "
+                   "(ipc:///PATH?grpc=ADDRESS as for --tokenizer)")
     flags.add(p, "--request-timeout-s", env="LAYA_REQUEST_TIMEOUT_S", default=DEFAULT_REQUEST_TIMEOUT_S, type=float,
               help="HTTP decision requests fail 408 after this many seconds; the backend calls get what is left "
                    "as their gRPC deadline (gRPC clients set their own deadline); 0 = no limit")

@@ -4,7 +4,9 @@ Tokenize and Infer go over one multiplexed stream to a backend given as one endp
 (core/streams.py): on one host most of a unary call's cost is setting it up. A backend given as
 several replicas (a list or a dns:/// name) gets unary calls on its balanced channel instead
 (balancing.py): a stream is pinned to one replica, a unary call is balanced, health-checked and
-retried on another replica by gRPC. Infer calls of concurrent requests are merged first
+retried on another replica by gRPC. A backend given as `ipc://` endpoints (serve's own
+children, same host) gets its calls as ZeroMQ messages instead (core/ipc.py, `IpcReplicas`), and
+is watched over the gRPC address each endpoint names. Infer calls of concurrent requests are merged first
 (coalesce.py). Every call asks for at most the time left to its request (deadline.py). What the gateway observes of the backends
 (health, status, readiness) is `BackendWatch` (backends.py); the /health payload is health.py.
 """
@@ -17,7 +19,8 @@ from typing import Any, Optional, Sequence
 import grpc
 import numpy as np
 
-from laya_grpc.core import request_id, rpc, streams, tracing
+from laya_grpc.core import ipc, request_id, rpc, streams, timing, tracing
+from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.question_wire import question_to_text
@@ -26,7 +29,7 @@ from laya_proto.v1 import inference_pb2, status_pb2, tokenizer_pb2, tokenizer_pb
 from . import coalesce, deadline
 from .backends import BackendWatch
 from .coalesce import InferCoalescer
-from .endpoints import BackendTarget
+from .endpoints import BackendTarget, parse_target
 from .health import health_payload
 from .services import CheckpointInfo, Encoded, InferResult
 
@@ -60,15 +63,72 @@ def backend_calls(balanced: bool, stream_method, unary_method, call_cls, what: s
     return streams.StreamMux(stream_method, call_cls, what)
 
 
+def _links(target: BackendTarget) -> list:
+    """The ipc:// links of a backend given as ipc:///PATH?grpc=ADDRESS endpoints; [] for gRPC."""
+    return [ipc.Link.parse(e) for e in target.endpoints] if target.scheme == "ipc" else []
+
+
+def _watched(target: BackendTarget, links: list, flag: str) -> BackendTarget:
+    """What BackendWatch watches: for IPC links, their gRPC addresses (health, status)."""
+    return parse_target([link.grpc for link in links], flag) if links else target
+
+
+class IpcReplicas:
+    """Calls over ZeroMQ IPC to one or more replicas of a backend: they take turns among those
+    whose health reports SERVING (all of them when none does, so the error names the cause), and a
+    call refused as unavailable or busy is tried once more on another serving replica, as the gRPC
+    balanced channel does (balancing.py)."""
+
+    def __init__(self, links: list, backends: list, call_cls, reply_cls, what: str):
+        self._muxes = [ipc.IpcMux(link.ipc, call_cls, reply_cls, what) for link in links]
+        # parse_target keeps the order of unix endpoints, so backend i watches link i
+        self._backends = backends if len(backends) == len(links) else [None] * len(links)
+        self._next = 0
+
+    def _pick(self, skip: int = -1) -> int:
+        n = len(self._muxes)
+        for k in range(n):
+            i = (self._next + k) % n
+            b = self._backends[i]
+            if i != skip and (b is None or b.serving):
+                self._next = i + 1
+                return i
+        i = self._next % n
+        self._next = i + 1
+        return i
+
+    async def call(self, request, timeout: Optional[float] = None):
+        i = self._pick()
+        try:
+            return await self._muxes[i].call(request, timeout)
+        except LayaError as e:
+            if e.kind is not Kind.BUSY or len(self._muxes) == 1:
+                raise
+            j = self._pick(skip=i)
+            if j == i:
+                raise
+            return await self._muxes[j].call(request, timeout)
+
+    async def close(self) -> None:
+        for m in self._muxes:
+            await m.close()
+
+
 class RemoteServices(BackendWatch):
     def __init__(self, tokenizer: BackendTarget, inference: BackendTarget, feed: ChangeFeed,
                  tokenize_timeout_s: float = 30.0, infer_timeout_s: float = 600.0):
-        super().__init__(tokenizer, inference, feed)
+        tok_links, inf_links = _links(tokenizer), _links(inference)
+        super().__init__(_watched(tokenizer, tok_links, "--tokenizer"), _watched(inference, inf_links, "--inference"),
+                         feed)
         tok = tokenizer_pb2_grpc.TokenizerServiceStub(self.tokenizer_channel)
-        self._tok_call = backend_calls(tokenizer.balanced, tok.TokenizeStream, tok.Tokenize,
-                                       tokenizer_pb2.TokenizeCall, "tokenizer service")
-        self._inf_call = backend_calls(inference.balanced, self._inf.InferStream, self._inf.Infer,
-                                       inference_pb2.InferCall, "inference service")
+        self._tok_call = (IpcReplicas(tok_links, self.tokenizers, tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply,
+                                      "tokenizer service") if tok_links else
+                          backend_calls(tokenizer.balanced, tok.TokenizeStream, tok.Tokenize,
+                                        tokenizer_pb2.TokenizeCall, "tokenizer service"))
+        self._inf_call = (IpcReplicas(inf_links, self.inferences, inference_pb2.InferCall, inference_pb2.InferReply,
+                                      "inference service") if inf_links else
+                          backend_calls(inference.balanced, self._inf.InferStream, self._inf.Infer,
+                                        inference_pb2.InferCall, "inference service"))
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._coalescer = InferCoalescer(self._infer_call)
         self._infos: dict = {}   # name -> (config_json, CheckpointInfo)
@@ -95,6 +155,7 @@ class RemoteServices(BackendWatch):
             req.head_max_len = head_max_len
         req.origin.request_id, req.origin.traceparent = request_id.current_id(), tracing.traceparent()
         resp = await self._tok_call.call(req, deadline.timeout(self.tokenize_timeout_s))
+        timing.add("tokenize_server", resp.tokenize_ms)
         rows = PackedRows.from_proto(resp.rows)
         per = resp.rows_per_state
         return [Encoded(rows.take(range(k * per, (k + 1) * per)), json.loads(u))
@@ -110,6 +171,8 @@ class RemoteServices(BackendWatch):
             resp, merged, start = await self._coalescer.submit(checkpoint, packed)
         finally:
             _OWN_ROWS.reset(token)
+        timing.add("queue_wait", resp.queue_ms)
+        timing.add("model", resp.model_ms)
         flat = np.frombuffer(resp.logits, dtype="<f4")
         offs = merged.marker_offsets
         n_act = max(1, resp.n_act)

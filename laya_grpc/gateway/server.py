@@ -20,7 +20,7 @@ from laya_grpc.core.sources import parse_checkpoint_specs
 from laya_proto.v1 import decision_pb2_grpc
 
 from .decider import Decider
-from .endpoints import parse_target
+from .endpoints import parse_target, split_entries
 from .grpc_api import DecisionServicer, StatusServicer
 from .http_app import build_app
 from .listen import listen_socket, split_host_port
@@ -73,9 +73,8 @@ async def serve(args: argparse.Namespace) -> int:
     readiness = asyncio.ensure_future(follow_readiness(services, feed, app, settings.api_key, hs))
     http_task = asyncio.ensure_future(http.serve(sockets=[listen_socket(host, port, args.reuse_port)]))
     log.info("gateway: http on %s:%d, grpc on %s%s, tokenizer %s, inference %s", host, port, status.address,
-             " (this worker: %s)" % control if control else "", services.tokenizers[0].address
-             if len(services.tokenizers) == 1 else ",".join(b.address for b in services.tokenizers),
-             ",".join(b.address for b in services.inferences))
+             " (this worker: %s)" % control if control else "", ",".join(split_entries(args.tokenizer)),
+             ",".join(split_entries(args.inference)))
     stop = asyncio.Event()
     install_stop_signals(stop)
     done, _ = await asyncio.wait([asyncio.ensure_future(stop.wait()), http_task], return_when=asyncio.FIRST_COMPLETED)

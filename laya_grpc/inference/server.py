@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import draining, flags, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, add_observability_flags, clamp_heartbeat, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
@@ -37,7 +37,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.registry, self.batcher, self.feed, self.settings = registry, batcher, feed, settings
         self.state, self.detail = S.STATE_STARTING, "loading checkpoints"
         self.inflight = 0
-        self._calls = {True: metrics.CALLS.labels("inference", "yes"), False: metrics.CALLS.labels("inference", "no")}
+        self._calls = {True: metrics.INFERENCE_CALLS.labels("yes"), False: metrics.INFERENCE_CALLS.labels("no")}
         # device and dtype of each live runner, read from its weights once (not on every response;
         # status() still reads them live); weak keys, so an evicted runner is not kept alive
         self._runner_facts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -119,7 +119,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             await context.write(self.snapshot())
 
 
-async def serve(settings: InferenceSettings) -> int:
+async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) -> int:
     try:
         pick = pick_device(settings.device, settings.backend, settings.require_device)
     except LayaError as e:
@@ -148,6 +148,8 @@ async def serve(settings: InferenceSettings) -> int:
         print("laya-grpc inference: cannot listen on %s: %s (address in use?)" % (settings.address, e), file=sys.stderr)
         return 2
     await srv.start()
+    calls = ipc_endpoint and ipc.IpcServer(ipc_endpoint, servicer.infer, inference_pb2.InferCall,
+                                           inference_pb2.InferReply, tokens_pb2.CallError, "Infer").start()
     batcher.start()
     # first in the device thread's queue: the CUDA context comes up while checkpoints are read and hashed
     device_init = batcher.run_on_device(lambda: init_device(pick.device, settings.backend))
@@ -165,6 +167,8 @@ async def serve(settings: InferenceSettings) -> int:
     feed.bump()
     await draining.drain(srv, hs, [SERVICE_NAME], settings.drain_grace_s,
                          lambda: servicer.inflight + batcher.depth, "inference")
+    if calls:   # IPC calls in flight were counted in inflight, so none is cut off here
+        await calls.close()
     batcher.stop()
     return 0
 
@@ -203,6 +207,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--listen", env="LAYA_INFERENCE_LISTEN", default="127.0.0.1:50052",
               help="address to serve on: HOST:PORT or unix:/path.sock")
     metrics.add_flag(p, "LAYA_INFERENCE_METRICS")
+    ipc.add_flag(p, "LAYA_INFERENCE_IPC", "Infer")
     draining.add_flag(p)
     add_observability_flags(p)
     add_model_flags(p)
@@ -215,4 +220,4 @@ def run(args: argparse.Namespace) -> int:
     except LayaError as e:
         print("laya-grpc inference: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings))
+    return asyncio.run(serve(settings, args.ipc))

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import draining, flags, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
@@ -59,7 +59,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
         self.tokenizers, self.pool = tokenizers, pool
         self.serving = False    # what grpc.health.v1 says (calls are counted by it)
         self.inflight = 0       # calls running (draining waits for them)
-        self._calls = {True: metrics.CALLS.labels("tokenizer", "yes"), False: metrics.CALLS.labels("tokenizer", "no")}
+        self._calls = {True: metrics.TOKENIZER_CALLS.labels("yes"), False: metrics.TOKENIZER_CALLS.labels("no")}
 
     def _get(self, name: str) -> LoadedTokenizer:
         tok = self.tokenizers.get(name)
@@ -121,7 +121,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
 
 
 async def serve(sources: dict, address: str, threads: int, metrics_address: Optional[str] = None,
-                drain_grace_s: float = draining.DEFAULT_GRACE_S) -> int:
+                ipc_endpoint: Optional[str] = None, drain_grace_s: float = draining.DEFAULT_GRACE_S) -> int:
     metrics.serve_metrics(metrics_address)
     srv = rpc.server()
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tok")
@@ -135,7 +135,9 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
         print("laya-grpc tokenizer: cannot listen on %s: %s (address in use?)" % (address, e), file=sys.stderr)
         return 2
     await srv.start()
-    log.info("tokenizer listening on %s", address)
+    calls = ipc_endpoint and ipc.IpcServer(ipc_endpoint, servicer.tokenize, tokenizer_pb2.TokenizeCall,
+                                           tokenizer_pb2.TokenizeReply, tokens_pb2.CallError, "Tokenize").start()
+    log.info("tokenizer listening on %s%s", address, " and " + ipc_endpoint if ipc_endpoint else "")
     try:
         servicer.tokenizers = await asyncio.get_running_loop().run_in_executor(None, load_tokenizers, sources)
     except LayaError as e:
@@ -150,6 +152,8 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
     await stop.wait()
     servicer.serving = False
     await draining.drain(srv, hs, [SERVICE_NAME], drain_grace_s, lambda: servicer.inflight, "tokenizer")
+    if calls:   # IPC calls in flight were counted in inflight, so none is cut off here
+        await calls.close()
     pool.shutdown(wait=False)
     return 0
 
@@ -162,6 +166,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--threads", env="LAYA_TOKENIZER_THREADS", default=max(1, min(4, os.cpu_count() or 1)), type=int,
               help="threads running encode_batch (the tokenizers library releases the GIL)")
     metrics.add_flag(p, "LAYA_TOKENIZER_METRICS")
+    ipc.add_flag(p, "LAYA_TOKENIZER_IPC", "Tokenize")
     draining.add_flag(p)
     add_observability_flags(p)
 
@@ -173,4 +178,4 @@ def run(args: argparse.Namespace) -> int:
     except LayaError as e:
         print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics, args.drain_grace_s))
+    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics, args.ipc, args.drain_grace_s))
