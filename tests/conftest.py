@@ -1,4 +1,4 @@
-"""Shared fixtures: synthetic checkpoints (made once per session) and a cached upstream loader.
+"""Shared fixtures: synthetic checkpoints (made once per test run) and a cached upstream loader.
 
 The checkpoints come from our own `make_checkpoint` (milliseconds each), never from the Hub;
 `upstream_agent(path)` is the test-time reference, laya 0.4.15 loaded on CPU.

@@ -108,25 +108,25 @@ def grpc_decide_requests(draw):
     if draw(st.booleans()):
         req.request_json = draw(_hostile_text())
         return req
-    which = draw(st.sampled_from(["text", "state_json", None]))
+    which = draw(st.sampled_from(["text", "json", None]))
     if which == "text":
-        req.text = draw(st.text(max_size=50))
-    elif which == "state_json":
-        req.state_json = draw(_hostile_text())
+        req.state.text = draw(st.text(max_size=50))
+    elif which == "json":
+        req.state.json = draw(_hostile_text())
     for i in range(draw(st.integers(0, 3))):
-        q = req.questions.add(id=draw(st.text(max_size=6)), type=draw(st.sampled_from(["choice", "score", "noul", ""])))
+        q = req.questions.add(id=draw(st.text(max_size=6)), type=draw(st.integers(0, 4)))
         if draw(st.booleans()):
             q.instructions_json = draw(_hostile_text())
         else:
-            q.instructions = draw(st.text(max_size=30))
-        if draw(st.booleans()):
-            q.criteria_json = draw(_hostile_text())
+            q.instructions_text = draw(st.text(max_size=30))
+        for _ in range(draw(st.integers(0, 2))):
+            q.criteria.add()
     if draw(st.booleans()):
         req.model = draw(st.sampled_from(["english", "nope", ""]))
     if draw(st.booleans()):
-        req.max_len = draw(st.integers(-5, 10**6))
+        req.max_len = draw(st.integers(0, 10**6))
     if draw(st.booleans()):
-        req.min_confidence_json = draw(_hostile_text())
+        req.min_confidence_all = draw(st.floats(allow_nan=True, allow_infinity=True))
     return req
 
 
@@ -136,9 +136,10 @@ def grpc_batch_requests(draw):
     if draw(st.booleans()):
         req.request_json = draw(_hostile_text())
         return req
-    req.states_json.extend(draw(st.lists(_hostile_text(), max_size=3)))
+    for text in draw(st.lists(_hostile_text(), max_size=3)):
+        req.states.add(json=text)
     for i in range(draw(st.integers(0, 2))):
-        q = req.questions.add(id="q%d" % i, type=draw(st.sampled_from(["choice", "score", "noul"])))
+        q = req.questions.add(id="q%d" % i, type=draw(st.integers(0, 3)))
         q.instructions_json = draw(_hostile_text())
     return req
 

@@ -43,7 +43,7 @@ def test_predict_checks_the_requests_file_before_loading(tiny_ckpt, tmp_path):
     assert time.perf_counter() - t0 < 60
 
 
-def _event(sequence: int, ready: bool, state=status_pb2.READY) -> decision_pb2.StatusEvent:
+def _event(sequence: int, ready: bool, state=status_pb2.STATE_READY) -> decision_pb2.StatusEvent:
     ev = decision_pb2.StatusEvent(sequence=sequence, ready=ready, reason="r", time_unix=time.time())
     s = ev.services.add(service="inference", state=state, address="unix:x")
     s.checkpoints.add(name="english", state=state, device="cpu", dtype="float32")
@@ -62,7 +62,7 @@ class _Out(io.StringIO):
 def test_watch_prints_one_line_per_change_when_not_a_terminal():
     out = _Out(tty=False)
     p = _Printer(out, as_json=False)
-    for ev in (_event(1, False, status_pb2.WARMING), _event(2, True), _event(2, True), _event(2, True)):
+    for ev in (_event(1, False, status_pb2.STATE_WARMING), _event(2, True), _event(2, True), _event(2, True)):
         p.show(ev)
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and "NOT READY" in lines[0] and "english=warming" in lines[0]
@@ -72,7 +72,7 @@ def test_watch_prints_one_line_per_change_when_not_a_terminal():
 def test_watch_redraws_in_place_on_a_terminal():
     out = _Out(tty=True)
     p = _Printer(out, as_json=False)
-    p.show(_event(1, False, status_pb2.WARMING))
+    p.show(_event(1, False, status_pb2.STATE_WARMING))
     first = out.getvalue()
     p.show(_event(2, True))
     second = out.getvalue()[len(first):]

@@ -45,7 +45,7 @@ def _still_right(stack) -> None:
     r = stack.client.post(stack.http + "/v1/systemone", json=SMALL, headers=AUTH)
     assert r.status_code == 200 and r.json()["answers"] == stack.expected["answers"]
     resp = decision_pb2_grpc.DecisionServiceStub(stack.channel).Decide(
-        decision_pb2.DecideRequest(request_json=json.dumps(SMALL)), metadata=MD, timeout=30)
+        decision_pb2.DecideRequest(request_json=json.dumps(SMALL), include_json=True), metadata=MD, timeout=30)
     assert json.loads(resp.json)["answers"] == stack.expected["answers"]
 
 
@@ -65,26 +65,26 @@ def test_undecodable_protobuf_is_invalid_argument_on_every_method(stack):
 DEEP = "[" * 1200 + "]" * 1200
 
 
-@pytest.mark.parametrize("field,value", [("state_json", DEEP), ("state_json", '"\\ud800"'),
-                                         ("criteria_json", DEEP), ("criteria_json", '["\\ud800", "b"]'),
-                                         ("instructions_json", '"\\udfff"'), ("min_confidence_json", DEEP)])
+@pytest.mark.parametrize("field,value", [("state", DEEP), ("state", '"\\ud800"'),
+                                         ("instructions_json", DEEP), ("instructions_json", '"\\udfff"'),
+                                         ("request_json", DEEP), ("request_json", '["\\ud800", "b"]')])
 def test_malformed_json_fields_are_invalid_argument_on_every_rpc(stack, field, value):
-    req = decision_pb2.DecideRequest(text="hello", model="english")
-    q = req.questions.add(id="q", type="choice", instructions="pick", criteria_json='["a", "b"]')
-    if field == "state_json":
-        req.state_json = value
-    elif field == "min_confidence_json":
-        req.min_confidence_json = value
+    q = decision_pb2.Question(id="q", type=decision_pb2.QUESTION_TYPE_NOUL, instructions_text="pick")
+    if field == "instructions_json":
+        q.instructions_json = value
+    if field == "request_json":
+        req = decision_pb2.DecideRequest(request_json='{"state": %s, "questions": {"q": {"type": "noul", '
+                                                      '"instructions": "x"}}}' % value)
+        batch = decision_pb2.DecideBatchRequest(request_json='{"states": [%s], "questions": {"q": {"type": '
+                                                             '"noul", "instructions": "x"}}}' % value)
     else:
-        setattr(q, field, value)
+        state = decision_pb2.StateValue(json=value) if field == "state" else decision_pb2.StateValue(text="hello")
+        req = decision_pb2.DecideRequest(state=state, model="english", questions=[q])
+        batch = decision_pb2.DecideBatchRequest(states=[state], model="english", questions=[q])
     stub = decision_pb2_grpc.DecisionServiceStub(stack.channel)
     with pytest.raises(grpc.RpcError) as e:
         stub.Decide(req, metadata=MD, timeout=30)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
-    batch = decision_pb2.DecideBatchRequest(model="english", questions=req.questions,
-                                            states_json=[value if field == "state_json" else '"hi"'])
-    if field == "min_confidence_json":
-        batch.min_confidence_json = value
     with pytest.raises(grpc.RpcError) as e:
         stub.DecideBatch(batch, metadata=MD, timeout=30)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
@@ -124,7 +124,7 @@ def test_grpc_and_http_share_one_admission_limit(stack):
     stub = decision_pb2_grpc.DecisionServiceStub(stack.channel)
     try:
         with pytest.raises(grpc.RpcError) as e:
-            stub.Decide(decision_pb2.DecideRequest(request_json=json.dumps(SMALL)), metadata=MD, timeout=10)
+            stub.Decide(decision_pb2.DecideRequest(request_json=json.dumps(SMALL), include_json=True), metadata=MD, timeout=10)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert dict(e.value.trailing_metadata()).get("retry-after") == "1"
         r = stack.client.post(stack.http + "/v1/systemone", json=SMALL, headers=AUTH)

@@ -163,7 +163,7 @@ def test_kill_9_under_load_gives_no_wrong_answer(stack, soak):
         stub = decision_pb2_grpc.DecisionServiceStub(ch)
         while not stop.is_set():
             try:
-                resp = stub.Decide(decision_pb2.DecideRequest(request_json=json.dumps(bodies[i])), timeout=60)
+                resp = stub.Decide(decision_pb2.DecideRequest(request_json=json.dumps(bodies[i]), include_json=True), timeout=60)
             except grpc.RpcError as e:
                 assert e.code() not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), e
                 with lock:

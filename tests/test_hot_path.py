@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 
 from laya_grpc.gateway.coalesce import InferCoalescer
-from laya_grpc.gateway.contract import _may_hold_lone_surrogate, load_json
-from laya_grpc.gateway.grpc_api import pack_result
+from laya_grpc.gateway.contract import may_hold_lone_surrogate, load_json
+from laya_grpc.client.answers import response_dict
+from laya_grpc.gateway.typed_answer import pack_result
 from laya_grpc.gateway.render import render_json
 from laya_grpc.core.confidence_gate import apply_gate
 from laya_grpc.core.controls import has_lone_surrogate
-from laya_grpc.core.decode import add_serve_fields, decode_answer
+from laya_grpc.core.decode import add_serve_fields, decode_answer, project_jev_strict
 from laya_grpc.core.errors import LayaError
+from laya_grpc.core.langdetect import analyse
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.questions import parse_questions
 from laya_grpc.core.temperatures import Temperatures
@@ -142,43 +144,12 @@ def test_max_len_check_alone_says_what_validate_says():
     assert alone.value.detail == full.value.detail and "a row of 5 tokens" in alone.value.detail
 
 
-def _reference_pack(result, msg):
-    """pack_result as it was: read every typed field back from json.loads of the rendered body."""
-    body = render_json(result).decode("utf-8")
-    loaded = json.loads(body)
-    for qid, a in loaded["answers"].items():
-        m = msg.answers.add(id=qid, type=a["type"])
-        if "choice" in a:
-            m.choice_json = json.dumps(a["choice"], ensure_ascii=False)
-        if "score" in a:
-            m.score = a["score"]
-        if "noul" in a:
-            m.noul = a["noul"]
-        for label, p in (a.get("probabilities") or {}).items():
-            m.probabilities.add(label=label, p=p)
-        for k, v in (a.get("legend") or {}).items():
-            m.legend[k] = v
-        m.confidence = a.get("confidence", 0.0)
-        m.answer_confidence = a.get("answer_confidence", 0.0)
-        m.act_probability = (a.get("action") or {}).get("act_probability", 0.0)
-        if "abstention" in a:
-            m.abstention = a["abstention"]
-            m.abstention_threshold = a["abstention_threshold"]
-        m.low_confidence = bool(a.get("low_confidence", False))
-    u = loaded.get("usage", {})
-    msg.usage.input_tokens = u.get("input_tokens", 0)
-    msg.usage.truncated = bool(u.get("truncated", False))
-    msg.usage.truncated_questions.extend(u.get("truncated_questions", []))
-    r = loaded["routing"]
-    msg.routing.model, msg.routing.repo, msg.routing.reason = r["model"], str(r["repo"]), r["reason"]
-    msg.routing.detection_json = json.dumps(r.get("detection"), ensure_ascii=False)
-    msg.routing.workflow = r.get("workflow") or ""
-    msg.json = body
-
-
 @pytest.mark.parametrize("criteria", [[1, "1", 2.5, "2.5", "x"], [True, "true", 7], [False, "false", 0.1],
                                       [1.0e16, -0.0, 3], {"refund": "money", "x": {"k": [1, 2]}}])
-def test_pack_result_reads_fields_as_json_shows_them(criteria):
+@pytest.mark.parametrize("strict", [False, True], ids=["serve", "jev-strict"])
+def test_typed_answer_is_the_http_body(criteria, strict):
+    """The typed answer packed without JSON, read back as the client does, is json.loads of the
+    rendered HTTP body, key order included (every answer type, gate on and off, Jev-strict)."""
     rng = np.random.default_rng(2)
     qs = parse_questions({"c": {"type": "choice", "instructions": "x", "criteria": criteria},
                           "s": {"type": "score", "instructions": "y", "criteria": ["lo", {"a": 1}, "hi"]},
@@ -189,17 +160,19 @@ def test_pack_result_reads_fields_as_json_shows_them(criteria):
                                             rng.normal(size=2).astype(np.float32), Temperatures.from_config({}))
                        for q in qs}
             result = {"model": "laya-rl-agent", "answers": answers,
-                      "usage": {"input_tokens": 5, "output_tokens": 0, "truncated": bool(rep % 2),
-                                "truncated_questions": ["c"] if rep % 2 else []},
+                      "usage": {"input_tokens": 5, "output_tokens": 0, "state_tokens": 3, "state_tokens_dropped": rep,
+                                "truncated": bool(rep % 2), "truncated_questions": ["c"] if rep % 2 else []},
                       "routing": {"model": "english", "repo": None if rep % 3 == 0 else "/x", "reason": "r",
-                                  "detection": {"script": "latin"}, "workflow": None if rep % 2 else "wf"}}
+                                  "detection": None if rep == 4 else analyse(["hello there", "bonjour à tous"][rep % 2]),
+                                  "workflow": None if rep % 2 else "wf"}}
             apply_gate(result["answers"], gate)
-            result = add_serve_fields(result)
-            got, want = decision_pb2.DecideResponse(), decision_pb2.DecideResponse()
-            body = pack_result(result, got)
-            _reference_pack(result, want)
-            assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
-            assert body == want.json
+            result = project_jev_strict(result) if strict else add_serve_fields(result)
+            got = decision_pb2.DecideResponse()
+            pack_result(result, got)
+            want = json.loads(render_json(result))
+            assert json.dumps(response_dict(got)) == json.dumps(want)
+            assert all(a.WhichOneof("answer") == decision_pb2.QuestionType.Name(a.type)[len("QUESTION_TYPE_"):].lower()
+                       for a in got.answers)
 
 
 @pytest.mark.parametrize("raw", [b'{"a": "plain"}', b'{"a": "\\ud800"}', b'{"a": "\\\\ud800"}',
@@ -209,7 +182,7 @@ def test_pack_result_reads_fields_as_json_shows_them(criteria):
                                  '{"a": "caf\u00e9"}'.encode("utf-8"), b'{"\\udc00": 1}'])
 def test_surrogate_precheck_never_hides_one(raw):
     found = has_lone_surrogate(load_json(raw))
-    assert _may_hold_lone_surrogate(raw) or not found
+    assert may_hold_lone_surrogate(raw) or not found
 
 
 def test_coalescer_calls_directly_when_idle_and_shares_under_load():

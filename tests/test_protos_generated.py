@@ -1,4 +1,5 @@
-"""The committed generated code is exactly what grpcio-tools makes from the .proto sources."""
+"""The committed generated code (and the copy of the .proto sources shipped beside it) is exactly
+what scripts/gen_protos.sh makes from protos/laya_proto/v1."""
 import filecmp
 import os
 import subprocess
@@ -12,7 +13,7 @@ def test_generated_code_is_current(tmp_path):
     subprocess.run(["bash", os.path.join(ROOT, "scripts", "gen_protos.sh"), str(tmp_path)], check=True, env=env, cwd=ROOT)
     committed = os.path.join(ROOT, "protos", "gen", "laya_proto", "v1")
     fresh = tmp_path / "laya_proto" / "v1"
-    names = sorted(n for n in os.listdir(fresh) if n.endswith((".py", ".pyi")))
-    assert names == sorted(n for n in os.listdir(committed) if n.endswith((".py", ".pyi")))
+    names = sorted(n for n in os.listdir(fresh) if n.endswith((".py", ".pyi", ".proto")))
+    assert names == sorted(n for n in os.listdir(committed) if n.endswith((".py", ".pyi", ".proto")))
     _, mismatch, errors = filecmp.cmpfiles(committed, fresh, names, shallow=False)
     assert not mismatch and not errors, "regenerate with scripts/gen_protos.sh: %s differ" % (mismatch + errors)

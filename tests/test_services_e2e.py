@@ -217,7 +217,7 @@ def test_status_stream_heartbeats_and_sees_a_killed_child_come_back(stack):
     final = events[-1]
     assert final.ready, "inference did not come back: %s" % stack.log()
     inf = [s for s in final.services if s.service == "inference"][0]
-    assert inf.restarts >= 1 and all(c.state == S.READY for c in inf.checkpoints)
+    assert inf.restarts >= 1 and all(c.state == S.STATE_READY for c in inf.checkpoints)
     # the first request after the restart is served
     status, body, _ = stack.post("/v1/systemone", {"state": "ok", "questions": {"u": QUESTIONS["urgent"]}})
     assert status == 200, body
@@ -251,8 +251,8 @@ def test_watch_sees_warming_then_ready(tiny_ckpt, tiny_ml_ckpt):
         # deterministically in the on-demand test below.)
         assert events[0][0] is False, events
         assert events[-1][0] is True, events
-        assert S.READY in states
-        assert not any(x in (S.FAILED,) for x in states), (states, events)
+        assert S.STATE_READY in states
+        assert not any(x in (S.STATE_FAILED,) for x in states), (states, events)
     finally:
         s.__exit__(None, None, None)
 
@@ -283,7 +283,7 @@ def test_on_demand_checkpoint_is_prepared_and_lru_evicted(tiny_ckpt, tiny_ml_ckp
         assert status == 200 and body["routing"]["model"] == "multilingual", body
         time.sleep(0.6)
         stop.set()
-        assert ("multilingual", S.PREPARING) in seen
+        assert ("multilingual", S.STATE_PREPARING) in seen
         h = s.health()
         assert h["checkpoints"]["multilingual"]["state"] == "ready"
         assert h["checkpoints"]["english"]["state"] == "configured"
@@ -399,7 +399,7 @@ def test_readme_serve_command_answers_the_readme_curl_example(tmp_path):
     for c in cmds[:-1]:   # make-checkpoint steps
         subprocess.run(c, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=120)
     serve = cmds[-1] + ["--http", "127.0.0.1:%d" % http, "--grpc", "127.0.0.1:%d" % grpc_port]
-    proc = subprocess.Popen(serve, cwd=tmp_path, env=dict(env, PYTHONPATH=ROOT), stderr=subprocess.PIPE)
+    proc = subprocess.Popen(serve, cwd=tmp_path, env=dict(env, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "protos", "gen")])), stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

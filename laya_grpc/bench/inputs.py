@@ -1,4 +1,4 @@
-"""The benchmark's requests: fixed, named inputs (the issue's list) plus seeded random ones.
+"""The benchmark's requests: fixed, named inputs plus seeded random ones.
 
 Every target (upstream, our engine, gRPC, HTTP) gets the same states and questions, so
 their figures compare like for like. Token counts are measured, not assumed (recorded per input).

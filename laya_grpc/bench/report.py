@@ -78,6 +78,7 @@ def write_report(jsonl: str, out_dir: str) -> str:
         for r in conc:
             L.append("| %s | %d | %.0f | %.0f | %s | %s | %s |" % (LABEL[r["target"]], r["clients"], r["req_per_s"],
                      r["decisions_per_s"], _f(r["p50_ms"]), _f(r["p95_ms"]), json.dumps(r["codes"])))
+    L += replicas_section(all_recs)
     b64 = [r for r in recs if r["kind"] == "batch64"]
     if b64:
         L += ["", "## predict_batch of 64 short states (in-process)", "", "| target | decisions/s | p50 ms |", "|---|---|---|"]
@@ -121,6 +122,36 @@ def write_report(jsonl: str, out_dir: str) -> str:
     with open(md, "w", encoding="utf-8") as f:
         f.write("\n".join(L) + "\n")
     return md
+
+
+def replicas_section(recs: list) -> list:
+    """`serve --inference-replicas N` on one device: decisions/s and p95 per client count, each N
+    side by side, the ratio of the largest N's throughput to the smallest's, and which is faster."""
+    rs = [r for r in recs if r["kind"] == "replicas"]
+    if not rs:
+        return []
+    ns = sorted({r["replicas"] for r in rs})
+    cell = {(r["replicas"], r["clients"]): r for r in rs}
+    lo, hi = ns[0], ns[-1]
+    name = lambda n: "%d replica%s" % (n, "" if n == 1 else "s")  # noqa: E731
+    L = ["", "## Inference replicas on one device (short one-question HTTP requests, closed loop)", "",
+         "| clients | " + " | ".join("%s dec/s, p95 ms" % name(n) for n in ns) + " | ratio %d/%d |" % (hi, lo),
+         "|---|" + "---|" * (len(ns) + 1)]
+    verdicts = []
+    for c in sorted({r["clients"] for r in rs}):
+        row = [cell.get((n, c)) for n in ns]
+        ratio = (cell[(hi, c)]["decisions_per_s"] / cell[(lo, c)]["decisions_per_s"]
+                 if (hi, c) in cell and (lo, c) in cell and cell[(lo, c)]["decisions_per_s"] else None)
+        L.append("| %d | " % c + " | ".join("%.0f, %s%s" % (x["decisions_per_s"], _f(x["p95_ms"]),
+                                                           " (%d errors)" % x["errors"] if x["errors"] else "")
+                                            if x else "-" for x in row) + " | %s |" % _f(ratio))
+        if ratio is not None:
+            win = hi if ratio >= 1 else lo
+            verdicts.append("at %d clients %s %s faster (x%.2f decisions/s)"
+                            % (c, name(win), "is" if win == 1 else "are", max(ratio, 1 / ratio)))
+    if verdicts and hi != lo:
+        L += ["", "Throughput: " + "; ".join(verdicts) + "."]
+    return L
 
 
 def _plots(recs: list, out_dir: str) -> list:

@@ -20,7 +20,7 @@ import time
 from laya_grpc.core import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STAGES = ("engine", "upstream", "upstream-compiled", "service", "parity")
+STAGES = ("engine", "upstream", "upstream-compiled", "service", "parity", "replicas")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,11 +47,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="paired upstream/engine runs per input for the ratio and its bootstrap interval")
     flags.add(p, "--idle-gaps", env="LAYA_BENCH_IDLE_GAPS", default=None, help="quiet seconds before a request")
     flags.add(p, "--soak", env="LAYA_BENCH_SOAK", default=None, type=int,
-              help="random-length requests the engine answers before its memory is read again (the issue "
-                   "asks 10,000: ~30-60 s on an H200)")
+              help="random-length requests the engine answers before its memory is read again (10,000 by "
+                   "default: ~30-60 s on an H200)")
     flags.add(p, "--transports", env="LAYA_BENCH_TRANSPORTS", default="ipc",
               help="comma list of serve --local-transport values (ipc, grpc): the service stage runs once per "
                    "transport, side by side in one report with a per-hop table each")
+    flags.add(p, "--replicas", env="LAYA_BENCH_REPLICAS", default="1,2",
+              help="comma list of serve --inference-replicas values the replicas stage compares, each run alone on "
+                   "--device: a second replica on the same device overlaps one replica's host work with the "
+                   "other's forward, and each holds its own copy of the weights")
+    flags.add(p, "--replica-clients", env="LAYA_BENCH_REPLICA_CLIENTS", default="8,64",
+              help="comma list of concurrent HTTP clients the replicas stage measures each replica count at "
+                   "(overlap can only pay when several requests are in flight)")
     flags.add(p, "--max-concurrent", env="LAYA_BENCH_MAX_CONCURRENT", default=256, type=int,
               help="the gateway's admission bound during the run (LAYA_MAX_CONCURRENT)")
 
@@ -70,6 +77,8 @@ def _defaults(a) -> None:
     a.client_procs = 2 if smoke else 8
     a.ready_timeout = 300.0
     a.concurrency = [int(x) for x in str(a.concurrency).split(",") if x]
+    a.replicas = [int(x) for x in str(a.replicas).split(",") if x]
+    a.replica_clients = [int(x) for x in str(a.replica_clients).split(",") if x]
     if a.device == "auto":
         a.device = _auto_device(a.backend)
 
@@ -135,6 +144,15 @@ def run(a) -> int:
                     failed.append(st)
             except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
                 rec("parity", "error", detail="%s: %s" % (type(e).__name__, e))
+                failed.append(st)
+            continue
+        if st == "replicas":          # serve --inference-replicas N on one device, N side by side (replicas.py)
+            try:
+                from .replicas import run_replicas
+                if not run_replicas(a, rec, ckpt, "english"):
+                    failed.append(st)
+            except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
+                rec("replicas", "error", detail="%s: %s" % (type(e).__name__, e))
                 failed.append(st)
             continue
         if st == "service":

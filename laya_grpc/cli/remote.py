@@ -94,13 +94,13 @@ def _fmt_event(ev) -> str:
     lines = ["%s  %s  seq %d  %s" % (time.strftime("%H:%M:%S", time.localtime(ev.time_unix)),
                                      "READY" if ev.ready else "NOT READY", ev.sequence, ev.reason)]
     for s in ev.services:
-        lines.append("  %-10s %-9s %s%s%s" % (s.service, S.State.Name(s.state).lower(), s.address,
+        lines.append("  %-10s %-9s %s%s%s" % (s.service, S.State.Name(s.state).removeprefix("STATE_").lower(), s.address,
                                             "  restarts %d" % s.restarts if s.restarts else "",
                                             "  queue %d" % s.queue_depth if s.queue_depth else "")
                      + ("  (%s)" % s.detail if s.detail else ""))
         for c in s.checkpoints:
             lines.append("    %-16s %-10s %s %s%s%s" % (
-                c.name, S.State.Name(c.state).lower(), c.device or "-", c.dtype or "",
+                c.name, S.State.Name(c.state).removeprefix("STATE_").lower(), c.device or "-", c.dtype or "",
                 "  warmup %.0f ms" % c.warmup_ms if c.warmup_ms else "",
                 "  FALLBACK from %s" % c.device_requested if c.device_fallback else ""))
     return "\n".join(lines)
@@ -112,8 +112,8 @@ def _fmt_line(ev) -> str:
     S = status_pb2
     parts = []
     for s in ev.services:
-        cps = " ".join("%s=%s" % (c.name, S.State.Name(c.state).lower()) for c in s.checkpoints)
-        parts.append("%s %s%s%s" % (s.service, S.State.Name(s.state).lower(),
+        cps = " ".join("%s=%s" % (c.name, S.State.Name(c.state).removeprefix("STATE_").lower()) for c in s.checkpoints)
+        parts.append("%s %s%s%s" % (s.service, S.State.Name(s.state).removeprefix("STATE_").lower(),
                                     " restarts %d" % s.restarts if s.restarts else "", " [%s]" % cps if cps else ""))
     return "%s seq %d | %s" % ("READY" if ev.ready else "NOT READY", ev.sequence, "; ".join(parts))
 

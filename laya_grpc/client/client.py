@@ -1,12 +1,14 @@
 """Python clients for the gateway's gRPC API: blocking (`LayaClient`) and asyncio (`AsyncLayaClient`).
 
-Both take plain Python values (`state` any JSON value, `questions` the /v1/systemone dict) and
-return the exact /v1/systemone response dict, so code written against the HTTP API ports as is.
-A failed call raises `laya_grpc.core.errors.LayaError` with the HTTP-equivalent kind and detail.
+Both take plain Python values (`state` any JSON value, `questions` the /v1/systemone dict),
+send them as typed requests (`requests.build_decide`), and return by default the exact
+/v1/systemone response dict rebuilt from the typed answer (`answers.response_dict`), so code
+written against the HTTP API ports as is. `typed=True` returns the DecideResponse /
+DecideBatchResponse messages instead. A failed call raises `laya_grpc.core.errors.LayaError` with
+the HTTP-equivalent kind and detail (and `field`, the request field at fault when known).
 """
 from __future__ import annotations
 
-import json
 from typing import Any, AsyncIterator, Iterator, Optional
 
 import grpc
@@ -15,17 +17,8 @@ from laya_grpc.core import rpc
 from laya_grpc.core.streams import StreamMux
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
 
-
-def build_decide(state: Any, questions: dict, **controls) -> decision_pb2.DecideRequest:
-    body = {"state": state, "questions": questions}
-    body.update({k: v for k, v in controls.items() if v is not None})
-    return decision_pb2.DecideRequest(request_json=json.dumps(body, ensure_ascii=False))
-
-
-def build_batch(states: list, questions: dict, **controls) -> decision_pb2.DecideBatchRequest:
-    body = {"states": states, "questions": questions}
-    body.update({k: v for k, v in controls.items() if v is not None})
-    return decision_pb2.DecideBatchRequest(request_json=json.dumps(body, ensure_ascii=False))
+from .answers import batch_dict, response_dict
+from .requests import build_batch, build_decide
 
 
 def _metadata(api_key: Optional[str]):
@@ -33,13 +26,16 @@ def _metadata(api_key: Optional[str]):
 
 
 class LayaClient:
-    """Blocking client. `with LayaClient("127.0.0.1:50051") as c: c.decide(state, questions)`."""
+    """Blocking client. `with LayaClient("127.0.0.1:50051") as c: c.decide(state, questions)`.
 
-    def __init__(self, address: str = "127.0.0.1:50051", api_key: Optional[str] = None, timeout: float = 60.0):
+    `typed=True`: `decide` / `decide_batch` return the typed response messages, not dicts."""
+
+    def __init__(self, address: str = "127.0.0.1:50051", api_key: Optional[str] = None, timeout: float = 60.0,
+                 typed: bool = False):
         self._channel = grpc.insecure_channel(rpc.target(address), options=rpc.CHANNEL_OPTIONS)
         self._decisions = decision_pb2_grpc.DecisionServiceStub(self._channel)
         self._status = decision_pb2_grpc.StatusServiceStub(self._channel)
-        self._md, self.timeout = _metadata(api_key), timeout
+        self._md, self.timeout, self.typed = _metadata(api_key), timeout, typed
 
     def __enter__(self) -> "LayaClient":
         return self
@@ -50,22 +46,22 @@ class LayaClient:
     def close(self) -> None:
         self._channel.close()
 
-    def decide(self, state: Any, questions: dict, **controls) -> dict:
+    def decide(self, state: Any, questions: dict, **controls) -> Any:
         """One state; controls: model, task, lang, lang_guess, max_len, head_max_len, min_confidence."""
         try:
             resp = self._decisions.Decide(build_decide(state, questions, **controls), timeout=self.timeout,
                                           metadata=self._md)
         except grpc.RpcError as e:
             raise rpc.error_from_rpc(e, "gateway") from None
-        return json.loads(resp.json)
+        return resp if self.typed else response_dict(resp)
 
-    def decide_batch(self, states: list, questions: dict, **controls) -> dict:
+    def decide_batch(self, states: list, questions: dict, **controls) -> Any:
         try:
             resp = self._decisions.DecideBatch(build_batch(states, questions, **controls), timeout=self.timeout,
                                                metadata=self._md)
         except grpc.RpcError as e:
             raise rpc.error_from_rpc(e, "gateway") from None
-        return json.loads(resp.json)
+        return resp if self.typed else batch_dict(resp)
 
     def status(self) -> decision_pb2.StatusEvent:
         return self._status.GetStatus(status_pb2.StatusRequest(), timeout=self.timeout)
@@ -90,11 +86,11 @@ class AsyncLayaClient:
     `stream=False` makes one unary `Decide` call each."""
 
     def __init__(self, address: str = "127.0.0.1:50051", api_key: Optional[str] = None, timeout: float = 60.0,
-                 stream: bool = True):
+                 stream: bool = True, typed: bool = False):
         self._channel = rpc.channel(address)
         self._decisions = decision_pb2_grpc.DecisionServiceStub(self._channel)
         self._status = decision_pb2_grpc.StatusServiceStub(self._channel)
-        self._md, self.timeout = _metadata(api_key), timeout
+        self._md, self.timeout, self.typed = _metadata(api_key), timeout, typed
         self._mux = StreamMux(lambda: self._decisions.DecideStream(metadata=self._md), decision_pb2.DecideCall,
                               "gateway") if stream else None
 
@@ -109,24 +105,24 @@ class AsyncLayaClient:
             await self._mux.close()
         await self._channel.close()
 
-    async def decide(self, state: Any, questions: dict, **controls) -> dict:
+    async def decide(self, state: Any, questions: dict, **controls) -> Any:
+        req = build_decide(state, questions, **controls)
         if self._mux is not None:
-            resp = await self._mux.call(build_decide(state, questions, **controls), self.timeout)
-            return json.loads(resp.json)
-        try:
-            resp = await self._decisions.Decide(build_decide(state, questions, **controls), timeout=self.timeout,
-                                                metadata=self._md)
-        except grpc.aio.AioRpcError as e:
-            raise rpc.error_from_rpc(e, "gateway") from None
-        return json.loads(resp.json)
+            resp = await self._mux.call(req, self.timeout)
+        else:
+            try:
+                resp = await self._decisions.Decide(req, timeout=self.timeout, metadata=self._md)
+            except grpc.aio.AioRpcError as e:
+                raise rpc.error_from_rpc(e, "gateway") from None
+        return resp if self.typed else response_dict(resp)
 
-    async def decide_batch(self, states: list, questions: dict, **controls) -> dict:
+    async def decide_batch(self, states: list, questions: dict, **controls) -> Any:
         try:
             resp = await self._decisions.DecideBatch(build_batch(states, questions, **controls),
                                                      timeout=self.timeout, metadata=self._md)
         except grpc.aio.AioRpcError as e:
             raise rpc.error_from_rpc(e, "gateway") from None
-        return json.loads(resp.json)
+        return resp if self.typed else batch_dict(resp)
 
     async def status(self) -> decision_pb2.StatusEvent:
         return await self._status.GetStatus(status_pb2.StatusRequest(), timeout=self.timeout)

@@ -1,7 +1,8 @@
 """One error type for the whole project, mapped once to HTTP and once to gRPC.
 
 Every layer raises `LayaError(kind, detail)`; the gateway turns it into upstream's
-`{"detail": ...}` with the kind's HTTP status, the gRPC servicers into the kind's status code.
+`{"detail": ...}` with the kind's HTTP status, the gRPC servicers into the kind's status code
+with `google.rpc.Status` details (`laya_grpc.core.rpc.status_of`).
 `detail` texts follow upstream `laya serve` 0.4.15 wherever upstream has one.
 """
 from __future__ import annotations
@@ -41,13 +42,14 @@ for _k in Kind:
 class LayaError(Exception):
     """A failure with a user-facing `detail` and a `kind` that fixes its HTTP and gRPC status."""
 
-    def __init__(self, kind: Kind, detail: str):
+    def __init__(self, kind: Kind, detail: str, field: str = ""):
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
+        self.field = field    # the request field at fault, as a path ("questions[0].criteria[1].label"); "" = unknown
 
     def __repr__(self) -> str:
-        return "LayaError(%s, %r)" % (self.kind.name, self.detail)
+        return "LayaError(%s, %r%s)" % (self.kind.name, self.detail, ", field=%r" % self.field if self.field else "")
 
 
 class CheckpointError(LayaError):
@@ -63,9 +65,16 @@ class CheckpointError(LayaError):
 # keeps its exact kind (INVALID 422 and BAD_REQUEST 400 share INVALID_ARGUMENT).
 KIND_METADATA_KEY = "laya-error-kind"
 
+# google.rpc.ErrorInfo.domain of every error this project raises; ErrorInfo.reason is the Kind name.
+ERROR_DOMAIN = "laya-grpc"
 
-def from_grpc(code: grpc.StatusCode, details: str, kind_name: str | None = None) -> LayaError:
+# RetryInfo's delay on a retryable failure (BUSY: admission full, a backend restarting): long
+# enough for a supervised child to come back, short against a client's deadline.
+RETRY_DELAY_S = 1.0
+
+
+def from_grpc(code: grpc.StatusCode, details: str, kind_name: str | None = None, field: str = "") -> LayaError:
     """Rebuild a LayaError from a gRPC failure seen by a client of one of our services."""
     if kind_name and kind_name in Kind.__members__:
-        return LayaError(Kind[kind_name], details or "")
+        return LayaError(Kind[kind_name], details or "", field)
     return LayaError(_BY_GRPC.get(code, Kind.INTERNAL), details or code.name)

@@ -237,7 +237,9 @@ class IpcMux:
                 pass
             left = deadline - time.monotonic()
             if left <= 0:
-                raise LayaError(Kind.BUSY, "%s unavailable: nothing listening on %s" % (self.what, self.endpoint))
+                # the socket path stays in this log: a client's message never names an internal address
+                log.warning("%s: nothing listening on %s", self.what, self.endpoint)
+                raise LayaError(Kind.BUSY, "%s unavailable: nothing listening; retry shortly" % self.what)
             try:   # the monitor's connect event wakes this early; the pipe attaches just after it
                 await asyncio.wait_for(self._connected.wait(), min(left, 0.02))
             except asyncio.TimeoutError:

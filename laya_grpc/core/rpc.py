@@ -12,10 +12,13 @@ import os
 from typing import Awaitable, Callable, Iterable, Optional
 
 import grpc
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
 
-from .errors import KIND_METADATA_KEY, Kind, LayaError, from_grpc
+from .errors import ERROR_DOMAIN, KIND_METADATA_KEY, RETRY_DELAY_S, Kind, LayaError, from_grpc
 
 log = logging.getLogger("laya_grpc.core.rpc")
 
@@ -101,9 +104,29 @@ async def set_health(hs: health.aio.HealthServicer, names: Iterable[str], servin
         await hs.set(name, status)
 
 
+def status_of(err: LayaError) -> status_pb2.Status:
+    """The one LayaError -> `google.rpc.Status` mapping: the kind's code and the detail, with
+    ErrorInfo (reason = the kind name, metadata.http_status = the HTTP twin's status), BadRequest
+    on INVALID_ARGUMENT (the field at fault when known) and RetryInfo when a retry can succeed
+    (BUSY). A too-large request (RESOURCE_EXHAUSTED) gets no RetryInfo: the same request fails again."""
+    st = status_pb2.Status(code=err.kind.grpc_code.value[0], message=err.detail)
+    st.details.add().Pack(error_details_pb2.ErrorInfo(reason=err.kind.name, domain=ERROR_DOMAIN,
+                                                      metadata={"http_status": str(err.kind.http_status)}))
+    if err.kind.grpc_code == grpc.StatusCode.INVALID_ARGUMENT:
+        st.details.add().Pack(error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=err.field, description=err.detail)]))
+    if err.kind is Kind.BUSY:
+        st.details.add().Pack(error_details_pb2.RetryInfo(
+            retry_delay=duration_pb2.Duration(seconds=int(RETRY_DELAY_S), nanos=int(RETRY_DELAY_S % 1 * 1e9))))
+    return st
+
+
 async def abort(context: grpc.aio.ServicerContext, err: LayaError):
-    context.set_trailing_metadata(((KIND_METADATA_KEY, err.kind.name),))
-    await context.abort(err.kind.grpc_code, err.detail)
+    """Fail the call with `status_of(err)`; the kind also travels as trailing metadata, so a hop
+    between our own services keeps it without parsing the details."""
+    st = rpc_status.to_status(status_of(err))
+    await context.abort(st.code, st.details, trailing_metadata=tuple(st.trailing_metadata)
+                        + ((KIND_METADATA_KEY, err.kind.name),))
 
 
 def servicer_errors(fn: Callable[..., Awaitable]):
@@ -122,16 +145,42 @@ def servicer_errors(fn: Callable[..., Awaitable]):
     return wrapped
 
 
+def field_of(e: grpc.RpcError) -> str:
+    """The BadRequest field path in a failed call's google.rpc.Status details ("" when none)."""
+    try:
+        st = rpc_status.from_call(e)
+    except ValueError:
+        return ""
+    for detail in st.details if st is not None else ():
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            br = error_details_pb2.BadRequest()
+            detail.Unpack(br)
+            for v in br.field_violations:
+                return v.field
+    return ""
+
+
 def error_from_rpc(e: grpc.RpcError, what: str = "") -> LayaError:
-    """Turn a failed call to one of our services back into the LayaError it was raised as."""
+    """Turn a failed call to one of our services back into the LayaError it was raised as.
+
+    A call that failed in the transport (no kind attached) becomes BUSY without gRPC's own text:
+    that text names socket paths and addresses, which stay in this process's log."""
     kind_name = None
     for k, v in (e.trailing_metadata() or ()):
         if k == KIND_METADATA_KEY:
             kind_name = v
-    err = from_grpc(e.code(), e.details(), kind_name)
-    if e.code() == grpc.StatusCode.UNAVAILABLE and not kind_name:
-        err = LayaError(Kind.BUSY, "%s unavailable: %s" % (what or "backend service", e.details()))
-    return err
+    if not kind_name and e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN,
+                                      grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED):
+        log.warning("%s: %s: %s", what or "backend service", e.code().name, e.details())
+        if e.code() == grpc.StatusCode.UNAVAILABLE:
+            return LayaError(Kind.BUSY, transport_detail(what))
+        return LayaError(Kind.INTERNAL, "%s failed: %s" % (what or "backend service", e.code().name))
+    return from_grpc(e.code(), e.details(), kind_name, field_of(e) if kind_name else "")
+
+
+def transport_detail(what: str) -> str:
+    """What a client reads when a backend cannot be reached (never its address)."""
+    return "%s unavailable: not reachable; retry shortly" % (what or "backend service")
 
 
 class _Undecodable:
@@ -157,9 +206,7 @@ def _tolerant(deserialize: Optional[Callable]) -> Optional[Callable]:
 
 async def _refuse(context, bad: _Undecodable):
     log.debug("undecodable request: %s", bad.error)
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                        "request is not a valid protobuf message of this method's type",
-                        trailing_metadata=((KIND_METADATA_KEY, Kind.BAD_REQUEST.name),))
+    await abort(context, LayaError(Kind.BAD_REQUEST, "request is not a valid protobuf message of this method's type"))
 
 
 async def _checked_stream(requests, context):

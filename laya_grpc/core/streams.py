@@ -174,7 +174,8 @@ class StreamMux:
             err = rpc.error_from_rpc(e, self.what)
             tagged = any(k == KIND_METADATA_KEY for k, _ in (e.trailing_metadata() or ()))
             if err.kind is Kind.INTERNAL and not tagged:   # e.g. "Internal error from Core" on a write
-                return LayaError(Kind.BUSY, "%s unavailable: %s" % (self.what, e.details() or e.code().name))
+                log.warning("%s stream: %s: %s", self.what, e.code().name, e.details())
+                return LayaError(Kind.BUSY, rpc.transport_detail(self.what))
             return err
         return LayaError(Kind.BUSY, "%s unavailable: stream broken (%s)" % (self.what, type(e).__name__))
 

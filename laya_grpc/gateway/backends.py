@@ -39,7 +39,7 @@ class Backend:
     address: str
     channel: grpc.aio.Channel
     serving: bool = False
-    state: int = S.STARTING
+    state: int = S.STATE_STARTING
     detail: str = "connecting"
     downs: int = 0        # times seen going down after having served
     status: Optional[status_pb2.ServiceStatus] = None   # inference only: its latest WatchStatus
@@ -88,7 +88,7 @@ class BackendWatch:
         """The inference replica whose status stands for all (they serve one checkpoint set,
         docs/deploy.md): a serving one that is READY, else any serving one, else the first."""
         serving = [b for b in self.inferences if b.serving and b.status is not None]
-        ready = [b for b in serving if b.status.state == S.READY]
+        ready = [b for b in serving if b.status.state == S.STATE_READY]
         return (ready or serving or self.inferences)[0]
 
     def backends_ready(self) -> bool:
@@ -96,7 +96,7 @@ class BackendWatch:
         every checkpoint it preloads warm (every replica serves the same checkpoint set)."""
         if not any(b.serving for b in self.tokenizers):
             return False
-        return any(b.serving and b.status is not None and b.status.state == S.READY for b in self.inferences)
+        return any(b.serving and b.status is not None and b.status.state == S.STATE_READY for b in self.inferences)
 
     def ready(self) -> bool:
         """Backends ready and the gateway's own path (channels, tokenizer, decode) warmed through them."""
@@ -112,7 +112,7 @@ class BackendWatch:
             def state(b):
                 if not b.serving or b.status is None:
                     return b.detail
-                return S.State.Name(b.status.state).lower() + (": " + b.status.detail if b.status.detail else "")
+                return S.State.Name(b.status.state).removeprefix("STATE_").lower() + (": " + b.status.detail if b.status.detail else "")
             return "no inference replica serving with its checkpoints ready (%s)" % "; ".join(
                 "%s: %s" % (b.address, state(b)) for b in self.inferences)
         if not self.warm:
@@ -121,7 +121,7 @@ class BackendWatch:
 
     def ready_checkpoints(self) -> list:
         st = self.inference.status
-        return [c.name for c in st.checkpoints if c.state == S.READY] if st is not None else []
+        return [c.name for c in st.checkpoints if c.state == S.STATE_READY] if st is not None else []
 
     async def _watch_health(self, b: Backend, service: str) -> None:
         stub = health_pb2_grpc.HealthStub(b.channel)
@@ -155,7 +155,7 @@ class BackendWatch:
             await asyncio.sleep(0.2)
 
     def _mark(self, b: Backend, serving: bool, detail: str, down: bool = False) -> None:
-        state = S.READY if serving else (S.DOWN if down else S.STARTING)
+        state = S.STATE_READY if serving else (S.STATE_DOWN if down else S.STATE_STARTING)
         if b.serving and not serving:
             b.downs += 1
             log.warning("%s at %s went down: %s", b.service, b.address, detail)

@@ -63,7 +63,7 @@ class BatchRequest:
 
 
 # -- body ---------------------------------------------------------------------------------------
-def _may_hold_lone_surrogate(raw: bytes) -> bool:
+def may_hold_lone_surrogate(raw: bytes) -> bool:
     """False when json.loads(raw) cannot produce a surrogate: ASCII with no NUL bytes decodes as
     UTF-8 (no BOM, no UTF-16/32 pattern), so only a \\u escape could make one."""
     return not raw.isascii() or b"\\u" in raw or b"\x00" in raw
@@ -117,14 +117,20 @@ def _check_task(task: Any, model: Optional[str], table: RouteTable) -> None:
 # -- entry points -------------------------------------------------------------------------------
 def parse_decide_body(raw: bytes, table: RouteTable, max_token_budget: int = 8192) -> DecideRequest:
     """A `/v1/systemone` body -> DecideRequest, or LayaError with upstream's status and detail."""
-    body = load_json(raw)
+    return parse_decide(load_json(raw), table, max_token_budget, may_hold_lone_surrogate(raw))
+
+
+def parse_decide(body: Any, table: RouteTable, max_token_budget: int = 8192,
+                 may_hold_surrogate: bool = True) -> DecideRequest:
+    """A `/v1/systemone` body already decoded (the typed gRPC request builds one without JSON
+    text); `may_hold_surrogate` False skips the lone-surrogate scan when none can be in it."""
     if not isinstance(body, dict) or "questions" not in body:
         raise LayaError(Kind.BAD_REQUEST, "request body must be an object with a 'questions' field")
     state, questions = body.get("state"), body["questions"]
     check_request_limits(state, questions)
     _refuse(body, BODY_REFUSALS, "%s run inside the server process and cannot be sent to this "
                                  "endpoint; install them where laya-serve runs, or drop them")
-    if _may_hold_lone_surrogate(raw) and has_lone_surrogate(body):
+    if may_hold_surrogate and has_lone_surrogate(body):
         raise LayaError(Kind.BAD_REQUEST, LONE_SURROGATE_DETAIL)
     controls = _controls(body, table, max_token_budget)
     _check_task(controls.task, controls.model, table)
@@ -134,7 +140,12 @@ def parse_decide_body(raw: bytes, table: RouteTable, max_token_budget: int = 819
 
 def parse_batch_body(raw: bytes, table: RouteTable, max_token_budget: int = 8192) -> BatchRequest:
     """A `/v1/systemone/batch` body -> BatchRequest, or LayaError with upstream's status and detail."""
-    body = load_json(raw)
+    return parse_batch(load_json(raw), table, max_token_budget, may_hold_lone_surrogate(raw))
+
+
+def parse_batch(body: Any, table: RouteTable, max_token_budget: int = 8192,
+                may_hold_surrogate: bool = True) -> BatchRequest:
+    """A `/v1/systemone/batch` body already decoded (see `parse_decide`)."""
     if not isinstance(body, dict) or "questions" not in body or "states" not in body:
         raise LayaError(Kind.BAD_REQUEST, "request body must be an object with 'states' and 'questions' fields")
     states, questions = body["states"], body["questions"]
@@ -149,7 +160,7 @@ def parse_batch_body(raw: bytes, table: RouteTable, max_token_budget: int = 8192
     _refuse(body, BATCH_OUT_PARAMETERS, "%s is filled in place for an in-process caller and cannot be "
                                         "returned over HTTP; read the per-group report from the CLI or a "
                                         "local Router")
-    if _may_hold_lone_surrogate(raw) and has_lone_surrogate(body):
+    if may_hold_surrogate and has_lone_surrogate(body):
         raise LayaError(Kind.BAD_REQUEST, LONE_SURROGATE_DETAIL)
     controls = _controls(body, table, max_token_budget)
     batch_size = _batch_size(body)

@@ -14,7 +14,7 @@ def health_payload(services) -> dict:
     """Live facts for /health (the HTTP app fills upstream's remaining fields from these)."""
     st = services.inference.status
     cps = list(st.checkpoints) if st is not None else []
-    loaded = [c for c in cps if c.state == S.READY]
+    loaded = [c for c in cps if c.state == S.STATE_READY]
     devices = {c.name: c.device for c in loaded}
     actual = next(iter(devices.values()), None)
     preference = cps[0].device_requested if cps else "unknown"
@@ -27,14 +27,14 @@ def health_payload(services) -> dict:
         "checkpoint_devices": devices,
         # upstream counts per-request GPU->CPU retries here; we never retry on another device
         "cpu_fallbacks": {c.name: {"count": 0, "last_reason": None} for c in loaded},
-        "checkpoints": {c.name: {"state": S.State.Name(c.state).lower(), "device": c.device, "dtype": c.dtype,
+        "checkpoints": {c.name: {"state": S.State.Name(c.state).removeprefix("STATE_").lower(), "device": c.device, "dtype": c.dtype,
                                  "backend": c.backend, "kernels": c.kernels, "rows": c.row_layout,
                                  "revision": c.revision, "sha256": c.sha256,
                                  "warmup_ms": round(c.warmup_ms, 1), "load_ms": round(c.load_ms, 1),
                                  "device_requested": c.device_requested, "device_fallback": c.device_fallback,
                                  "detail": c.detail} for c in cps},
-        "preparing": [c.name for c in cps if c.state == S.PREPARING],
-        "services": {("%s@%s" % (b.service, b.address)): {"state": S.State.Name(b.state).lower(),
+        "preparing": [c.name for c in cps if c.state == S.STATE_PREPARING],
+        "services": {("%s@%s" % (b.service, b.address)): {"state": S.State.Name(b.state).removeprefix("STATE_").lower(),
                                                           "detail": b.detail, "restarts_seen": b.downs}
                      for b in services.backends},
         "queue_depth": st.queue_depth if st is not None else 0,

@@ -192,7 +192,7 @@ class RemoteServices(BackendWatch):
 
     async def checkpoint(self, name: str) -> CheckpointInfo:
         st = self._checkpoint_status(name)
-        if st is None or st.state != S.READY or not st.config_json:
+        if st is None or st.state != S.STATE_READY or not st.config_json:
             try:
                 st = await self._inf.LoadCheckpoint(inference_pb2.LoadCheckpointRequest(checkpoint=name),
                                                     timeout=deadline.timeout(self.infer_timeout_s))

@@ -36,7 +36,7 @@ S = status_pb2
 class Slot:
     name: str
     source: str
-    state: int = S.CONFIGURED
+    state: int = S.STATE_CONFIGURED
     detail: str = ""
     ckpt: object = None               # laya_grpc.core.checkpoint.Checkpoint
     runner: object = None
@@ -93,11 +93,11 @@ class Registry:
         after it loaded (a load of another under --max-loaded) is loaded again."""
         s = self.slot(name)
         s.last_used = time.time()
-        while s.state != S.READY:
+        while s.state != S.STATE_READY:
             if s.task is None or s.task.done():
                 s.task = asyncio.ensure_future(self._load(s))
             await asyncio.shield(s.task)
-            if s.state == S.FAILED:
+            if s.state == S.STATE_FAILED:
                 raise LayaError(Kind.CHECKPOINT, "checkpoint %r failed to load: %s" % (name, s.detail))
         return s
 
@@ -127,7 +127,7 @@ class Registry:
 
     async def _load_admitted(self, s: Slot) -> None:
         preparing = self.started
-        self._set(s, S.PREPARING if preparing else S.LOADING, "reading weights from %s" % s.source)
+        self._set(s, S.STATE_PREPARING if preparing else S.STATE_LOADING, "reading weights from %s" % s.source)
         t0 = time.perf_counter()
         try:
             loop = asyncio.get_running_loop()
@@ -151,18 +151,18 @@ class Registry:
             s.pad_id = int(ckpt.special.pad_id)
             s.load_ms = (time.perf_counter() - t0) * 1e3
             if self.warmup:
-                self._set(s, S.PREPARING if preparing else S.WARMING, "warmup forwards")
+                self._set(s, S.STATE_PREPARING if preparing else S.STATE_WARMING, "warmup forwards")
                 t1 = time.perf_counter()
                 await self.run_on_device(lambda: warm_runner(runner, ckpt, s.pad_id))
                 s.warmup_ms = (time.perf_counter() - t1) * 1e3
-            self._set(s, S.READY, "")
+            self._set(s, S.STATE_READY, "")
             log.info("checkpoint %s ready on %s/%s (load %.0f ms, warmup %.0f ms)", s.name, runner.device(),
                      runner.dtype(), s.load_ms, s.warmup_ms)
         except Exception as e:  # noqa: BLE001 - becomes FAILED with its message, service keeps serving others
             detail = e.detail if isinstance(e, LayaError) else "%s: %s" % (type(e).__name__, e)
             log.error("checkpoint %s failed: %s", s.name, detail)
             s.runner = None
-            self._set(s, S.FAILED, detail)
+            self._set(s, S.STATE_FAILED, detail)
 
     async def _evict_for(self, name: str) -> None:
         """Make room under --max-loaded: evict the least recently used READY checkpoint with no
@@ -174,7 +174,7 @@ class Registry:
             resident = [x for x in self.slots.values() if (x.runner is not None or x.loading) and x.name != name]
             if len(resident) < self.max_loaded:
                 return
-            loaded = [x for x in resident if x.state == S.READY]
+            loaded = [x for x in resident if x.state == S.STATE_READY]
             if not loaded:   # the others are still loading: evict once one of them is ready
                 await asyncio.sleep(0.005)
                 continue
@@ -188,13 +188,13 @@ class Registry:
             if victim.runner is None:   # a concurrent load evicted it meanwhile
                 continue
             runner, victim.runner = victim.runner, None
-            self._set(victim, S.CONFIGURED, "evicted (least recently used; --max-loaded %d)" % self.max_loaded)
+            self._set(victim, S.STATE_CONFIGURED, "evicted (least recently used; --max-loaded %d)" % self.max_loaded)
             await self.run_on_device(runner.close)
             log.info("evicted checkpoint %s", victim.name)
 
     def _set(self, s: Slot, state: int, detail: str) -> None:
         s.state, s.detail = state, detail
-        metrics.CHECKPOINT_READY.labels(s.name).set(1 if state == S.READY else 0)
+        metrics.CHECKPOINT_READY.labels(s.name).set(1 if state == S.STATE_READY else 0)
         self.on_change()
 
     def status(self, s: Slot) -> status_pb2.CheckpointStatus:

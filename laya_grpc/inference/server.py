@@ -35,7 +35,7 @@ S = status_pb2
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     def __init__(self, registry: Registry, batcher: Batcher, feed: ChangeFeed, settings: InferenceSettings):
         self.registry, self.batcher, self.feed, self.settings = registry, batcher, feed, settings
-        self.state, self.detail = S.STARTING, "loading checkpoints"
+        self.state, self.detail = S.STATE_STARTING, "loading checkpoints"
         self.inflight = 0
         self._calls = {True: metrics.INFERENCE_CALLS.labels("yes"), False: metrics.INFERENCE_CALLS.labels("no")}
         # device and dtype of each live runner, read from its weights once (not on every response;
@@ -58,7 +58,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     async def infer(self, request) -> inference_pb2.InferResponse:
         request_id.begin(",".join(o.request_id for o in request.origins))   # this call's own task
-        self._calls[self.state == S.READY].inc()
+        self._calls[self.state == S.STATE_READY].inc()
         self.inflight += 1
         try:
             async with self.registry.pinned(request.checkpoint) as slot:
@@ -163,7 +163,7 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
     loading = asyncio.ensure_future(_preload(servicer, registry, hs, feed, preload))
     await stop.wait()
     loading.cancel()
-    servicer.state, servicer.detail = S.DRAINING, "shutting down"
+    servicer.state, servicer.detail = S.STATE_DRAINING, "shutting down"
     feed.bump()
     await draining.drain(srv, hs, [SERVICE_NAME], settings.drain_grace_s,
                          lambda: servicer.inflight + batcher.depth, "inference")
@@ -186,7 +186,7 @@ def _log_device_init(fut: "asyncio.Future", device: str) -> None:
 
 async def _preload(servicer: InferenceServicer, registry: Registry, hs, feed: ChangeFeed, preload: list) -> None:
     """Load and warm the preloaded checkpoints; SERVING once at least one is ready."""
-    servicer.state, servicer.detail = S.LOADING, "loading %s" % ", ".join(preload)
+    servicer.state, servicer.detail = S.STATE_LOADING, "loading %s" % ", ".join(preload)
     feed.bump()
     for name in preload:
         try:
@@ -194,14 +194,14 @@ async def _preload(servicer: InferenceServicer, registry: Registry, hs, feed: Ch
         except LayaError as e:
             log.error("preload of %s failed: %s", name, e.detail)
     registry.started = True
-    ok = [n for n in preload if registry.slots[n].state == S.READY]
+    ok = [n for n in preload if registry.slots[n].state == S.STATE_READY]
     if ok:
-        servicer.state = S.READY
+        servicer.state = S.STATE_READY
         failed = [n for n in preload if n not in ok]
         servicer.detail = ("failed: %s" % ", ".join(failed)) if failed else ""
         await rpc.set_health(hs, [SERVICE_NAME], True)
     else:
-        servicer.state, servicer.detail = S.FAILED, "no checkpoint could be loaded"
+        servicer.state, servicer.detail = S.STATE_FAILED, "no checkpoint could be loaded"
     feed.bump()
 
 

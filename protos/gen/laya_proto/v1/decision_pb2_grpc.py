@@ -27,9 +27,9 @@ if _version_not_supported:
 
 
 class DecisionServiceStub:
-    """The public decision API on the gateway: the gRPC twin of POST /v1/systemone and
-    /v1/systemone/batch. JSON-valued fields carry JSON text so that labels keep their exact JSON
-    type (1, 1.0, true and "1" render differently to the model).
+    """The public decision API on the gateway: the typed gRPC twin of POST /v1/systemone and
+    /v1/systemone/batch. Every field of the HTTP answer has a typed field here, and a typed
+    answer carries exactly the HTTP answer's values (docs/protocol.md maps one onto the other).
     """
 
     def __init__(self, channel):
@@ -56,9 +56,9 @@ class DecisionServiceStub:
 
 
 class DecisionServiceServicer:
-    """The public decision API on the gateway: the gRPC twin of POST /v1/systemone and
-    /v1/systemone/batch. JSON-valued fields carry JSON text so that labels keep their exact JSON
-    type (1, 1.0, true and "1" render differently to the model).
+    """The public decision API on the gateway: the typed gRPC twin of POST /v1/systemone and
+    /v1/systemone/batch. Every field of the HTTP answer has a typed field here, and a typed
+    answer carries exactly the HTTP answer's values (docs/protocol.md maps one onto the other).
     """
 
     def Decide(self, request, context):
@@ -111,9 +111,9 @@ def add_DecisionServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DecisionService:
-    """The public decision API on the gateway: the gRPC twin of POST /v1/systemone and
-    /v1/systemone/batch. JSON-valued fields carry JSON text so that labels keep their exact JSON
-    type (1, 1.0, true and "1" render differently to the model).
+    """The public decision API on the gateway: the typed gRPC twin of POST /v1/systemone and
+    /v1/systemone/batch. Every field of the HTTP answer has a typed field here, and a typed
+    answer carries exactly the HTTP answer's values (docs/protocol.md maps one onto the other).
     """
 
     @staticmethod

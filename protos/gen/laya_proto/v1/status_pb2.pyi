@@ -10,25 +10,25 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STATE_UNSPECIFIED: _ClassVar[State]
-    STARTING: _ClassVar[State]
-    LOADING: _ClassVar[State]
-    WARMING: _ClassVar[State]
-    READY: _ClassVar[State]
-    PREPARING: _ClassVar[State]
-    FAILED: _ClassVar[State]
-    DRAINING: _ClassVar[State]
-    DOWN: _ClassVar[State]
-    CONFIGURED: _ClassVar[State]
+    STATE_STARTING: _ClassVar[State]
+    STATE_LOADING: _ClassVar[State]
+    STATE_WARMING: _ClassVar[State]
+    STATE_READY: _ClassVar[State]
+    STATE_PREPARING: _ClassVar[State]
+    STATE_FAILED: _ClassVar[State]
+    STATE_DRAINING: _ClassVar[State]
+    STATE_DOWN: _ClassVar[State]
+    STATE_CONFIGURED: _ClassVar[State]
 STATE_UNSPECIFIED: State
-STARTING: State
-LOADING: State
-WARMING: State
-READY: State
-PREPARING: State
-FAILED: State
-DRAINING: State
-DOWN: State
-CONFIGURED: State
+STATE_STARTING: State
+STATE_LOADING: State
+STATE_WARMING: State
+STATE_READY: State
+STATE_PREPARING: State
+STATE_FAILED: State
+STATE_DRAINING: State
+STATE_DOWN: State
+STATE_CONFIGURED: State
 
 class CheckpointStatus(_message.Message):
     __slots__ = ("name", "state", "detail", "source", "revision", "sha256", "backend", "device", "dtype", "load_ms", "warmup_ms", "config_json", "max_len", "head_max_len", "tokenizer_fingerprint", "device_fallback", "device_requested", "last_used_unix", "max_row_tokens", "kernels", "row_layout")
