@@ -10,7 +10,8 @@ on the stream with the 401 (aborting the stream would race the client's first wr
 
 Admission: Decide and DecideBatch take a slot of the one `Admission` the HTTP app uses, so
 `LAYA_MAX_CONCURRENT` bounds both transports together. Over it a call gets RESOURCE_EXHAUSTED at
-once, with `retry-after: 1` trailing metadata (HTTP: 503 + `Retry-After: 1`).
+once, with a google.rpc RetryInfo detail and `retry-after: 1` trailing metadata (HTTP: 503 +
+`Retry-After: 1`).
 """
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ import hmac
 from typing import Optional
 
 import grpc
+from google.rpc import code_pb2
+from grpc_status import rpc_status
 
 from laya_grpc.core import metrics, rpc
-from laya_grpc.core.errors import KIND_METADATA_KEY, Kind
+from laya_grpc.core.errors import KIND_METADATA_KEY, Kind, LayaError
 from laya_proto.v1 import decision_pb2
 
 from .admission import BUSY_DETAIL, MAX_BODY_BYTES, Admission
@@ -71,8 +74,7 @@ class GatewayGuards(grpc.aio.ServerInterceptor):
         async def run(request, context):
             if not admission.try_acquire():
                 metrics.REJECTED.labels("grpc", "busy").inc()
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, BUSY_DETAIL, trailing_metadata=(
-                    (RETRY_AFTER_KEY, RETRY_AFTER_S), (KIND_METADATA_KEY, Kind.BUSY.name)))
+                await _busy(context)
             try:
                 return await behavior(request, context)
             finally:
@@ -80,10 +82,19 @@ class GatewayGuards(grpc.aio.ServerInterceptor):
         return run
 
 
+async def _busy(context):
+    """RESOURCE_EXHAUSTED with BUSY's google.rpc.Status details (ErrorInfo, RetryInfo) and the
+    `retry-after` metadata."""
+    st = rpc.status_of(LayaError(Kind.BUSY, BUSY_DETAIL))
+    st.code = code_pb2.RESOURCE_EXHAUSTED
+    status = rpc_status.to_status(st)
+    await context.abort(status.code, status.details, trailing_metadata=tuple(status.trailing_metadata) + (
+        (RETRY_AFTER_KEY, RETRY_AFTER_S), (KIND_METADATA_KEY, Kind.BUSY.name)))
+
+
 async def _deny(context):
     metrics.REJECTED.labels("grpc", "unauthenticated").inc()
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED_DETAIL,
-                        trailing_metadata=((KIND_METADATA_KEY, Kind.UNAUTHENTICATED.name),))
+    await rpc.abort(context, LayaError(Kind.UNAUTHENTICATED, UNAUTHORIZED_DETAIL))
 
 
 def _denied(handler):
