@@ -10,7 +10,9 @@ import json
 import socket
 import time
 
+from google.rpc import error_details_pb2
 import grpc
+from grpc_status import rpc_status
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -127,6 +129,8 @@ def test_grpc_and_http_share_one_admission_limit(stack):
             stub.Decide(decision_pb2.DecideRequest(request_json=json.dumps(SMALL), include_json=True), metadata=MD, timeout=10)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert dict(e.value.trailing_metadata()).get("retry-after") == "1"
+        details = rpc_status.from_call(e.value).details
+        assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in details), details
         r = stack.client.post(stack.http + "/v1/systemone", json=SMALL, headers=AUTH)
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
     finally:
