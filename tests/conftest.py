@@ -59,3 +59,13 @@ def upstream_agent():
         return agents[path]
 
     return load
+
+
+def pytest_addoption(parser):
+    parser.addoption("--soak", action="store_true", default=False,
+                     help="large counts in the hostile-input, load and kill tests (minutes, not for CI)")
+
+
+@pytest.fixture(scope="session")
+def soak(request) -> bool:
+    return bool(request.config.getoption("--soak"))

@@ -171,3 +171,45 @@ def test_timing_header_only_when_asked_and_each_hop_covers_its_server_figures(st
     assert all(v >= 0 for v in st.values()), st
     assert st["tokenizer_hop"] >= st["tokenize_server"] > 0   # the hop includes the server's own time
     assert st["inference_hop"] >= st["model"] > 0
+
+
+def test_a_call_given_up_is_cancelled_on_the_server(tmp_path):
+    """A call past its timeout or cancelled by its caller stops on the server too (its work leaves
+    the queues), as over a gRPC stream; the socket keeps serving the next call."""
+    from laya_proto.v1 import tokens_pb2
+    running, stopped = [], []
+
+    async def handle(request):
+        running.append(request.checkpoint)
+        try:
+            await asyncio.sleep(30)   # work that never finishes by itself
+        except asyncio.CancelledError:
+            stopped.append(request.checkpoint)
+            raise
+        return inference_pb2.InferResponse()
+
+    async def quick(request):
+        return inference_pb2.InferResponse(device=request.checkpoint)
+
+    async def main():
+        endpoint = "ipc://" + str(tmp_path / "calls.ipc")
+        server = ipc.IpcServer(endpoint, lambda r: quick(r) if r.checkpoint == "quick" else handle(r),
+                               inference_pb2.InferCall, inference_pb2.InferReply, tokens_pb2.CallError, "Infer").start()
+        mux = ipc.IpcMux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        try:
+            with pytest.raises(LayaError) as timed_out:
+                await mux.call(inference_pb2.InferRequest(checkpoint="timeout"), 0.2)
+            assert timed_out.value.kind == Kind.TIMEOUT
+            task = asyncio.ensure_future(mux.call(inference_pb2.InferRequest(checkpoint="cancel"), 30))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            t0 = time.monotonic()
+            while len(stopped) < 2 and time.monotonic() - t0 < 5:
+                await asyncio.sleep(0.01)
+            assert sorted(stopped) == ["cancel", "timeout"], (running, stopped)   # before the server closes
+            assert (await mux.call(inference_pb2.InferRequest(checkpoint="quick"), 5)).device == "quick"
+        finally:
+            await mux.close()
+            await server.close()
+    asyncio.run(main())
+    assert running == ["timeout", "cancel"], running

@@ -86,9 +86,9 @@ def calls(metrics_port: int, service: str, serving: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def http_json(url: str, body=None, timeout: float = 30):
+def http_json(url: str, body=None, timeout: float = 30, headers: dict | None = None):
     req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                 method="GET" if body is None else "POST")
+                                 method="GET" if body is None else "POST", headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
@@ -272,8 +272,11 @@ def test_replicas_kill_restart_and_drain_under_load(tiny_ckpt):
 
 
 def test_ready_and_live_while_backends_are_down(tiny_ckpt):
-    """/ready is 503 with the reason while no backend serves; /live stays 200; /health keeps 200."""
+    """/ready is 503 with the reason while no backend serves; /live stays 200; /health keeps 200.
+    With a key set the probes answer without it, and the reason (backend addresses) needs it."""
     procs = Procs()
+    procs.env["LAYA_API_KEY"] = "probe-key"
+    auth = {"Authorization": "Bearer probe-key"}
     http_port = free_port()
     http = "http://127.0.0.1:%d" % http_port
     try:
@@ -289,10 +292,12 @@ def test_ready_and_live_while_backends_are_down(tiny_ckpt):
                 return False
         wait_for(up, 60, "gateway /live", procs)
         time.sleep(0.5)
-        status, body = http_json(http + "/ready")
+        status, body = http_json(http + "/ready", headers=auth)
         assert status == 503 and body["ready"] is False and "tokenizer" in body["detail"], body
+        assert http_json(http + "/ready") == (503, {"ready": False})
         assert http_json(http + "/live") == (200, {"status": "ok"})
-        status, body = http_json(http + "/health")
+        assert http_json(http + "/health") == (200, {"status": "ok"})
+        status, body = http_json(http + "/health", headers=auth)
         assert status == 200 and body["ready"] is False
         assert len([k for k in body["services"] if k.startswith("inference@")]) == 2
     finally:

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from laya_grpc.core.restart_counts import RESTARTS_ENV, format_restarts
+
 log = logging.getLogger("laya_grpc.cli.supervisor")
 
 # exit codes that mean "restarting will not help": bad flags, a required device is missing
@@ -63,7 +65,10 @@ class Supervisor:
         await self.close()
 
     async def _spawn(self, c: Child) -> None:
+        # every child learns how often each was restarted so far, so a restarted gateway keeps
+        # reporting the counts instead of starting again from 0 (laya_grpc.core.restart_counts)
         env = dict(os.environ, **c.env)
+        env[RESTARTS_ENV] = format_restarts({k.name: k.restarts for k in self.children})
         c.proc = await asyncio.create_subprocess_exec(*c.argv, env=env, start_new_session=True,
                                                       preexec_fn=_die_with_parent)
         c.started = time.monotonic()

@@ -7,7 +7,9 @@ the same way). Measured on the 2-core CI box, an empty call to another process: 
 against 0.18 ms on a gRPC stream, 21,000 against 4,100 calls/s with 64 callers
 (`python -m benchmarks.hops --empty`). The payload is unchanged: each ZeroMQ message is one serialized contract message,
 `TokenizeCall`/`InferCall` one way and `TokenizeReply`/`InferReply` back, matched by id, so
-`IpcMux.call` means exactly what `streams.StreamMux.call` means.
+`IpcMux.call` means exactly what `streams.StreamMux.call` means, cancellation included: a call
+its caller no longer wants (cancelled, or past its timeout) is followed by a call message with the
+same id and no request, and the server cancels that call's task without replying.
 
 Addresses. A backend reached over IPC is named `ipc:///path/x.ipc?grpc=<its gRPC address>`:
 calls go over the ZeroMQ socket, while health (grpc.health.v1 Watch), WatchStatus and
@@ -104,7 +106,7 @@ class IpcServer:
         except zmq.ZMQError as e:
             self._sock.close()
             raise LayaError(Kind.INVALID, "cannot listen on %s: %s" % (endpoint, e)) from None
-        self._tasks: set = set()
+        self._tasks: dict = {}   # (peer, call id) -> its task
         self._loop = None
 
     def start(self) -> "IpcServer":
@@ -124,9 +126,15 @@ class IpcServer:
             except Exception:  # noqa: BLE001 - undecodable bytes: nothing to answer to (no id)
                 log.warning("%s: dropped an undecodable message on %s", self.name, self.endpoint)
                 continue
-            t = asyncio.ensure_future(self._one(frames[0].bytes, call))
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
+            key = (frames[0].bytes, call.id)
+            if not call.HasField("request"):   # the caller no longer wants this call: no reply is expected
+                t = self._tasks.get(key)
+                if t is not None:
+                    t.cancel()
+                continue
+            t = asyncio.ensure_future(self._one(key[0], call))
+            self._tasks[key] = t
+            t.add_done_callback(lambda _, k=key: self._tasks.pop(k, None))
 
     async def _one(self, peer: bytes, call) -> None:
         reply = await reply_to(call, self._handle, self._reply_cls, self._error_cls, self.name)
@@ -135,7 +143,7 @@ class IpcServer:
             self._drain()
 
     async def close(self) -> None:
-        for t in list(self._tasks):
+        for t in list(self._tasks.values()):
             t.cancel()
         if self._loop is not None and not self._sock.closed:
             self._loop.remove_reader(self._sock.getsockopt(zmq.FD))
@@ -189,13 +197,32 @@ class IpcMux:
         sock = self._ensure_socket()
         payload = self._call_cls(id=cid, request=request).SerializeToString()
         self._pending[cid] = fut
+        sent = False
         try:
             await self._send(sock, payload, timeout)
+            sent = True
             return await asyncio.wait_for(fut, timeout) if timeout else await fut
         except asyncio.TimeoutError:
+            if sent:
+                self._cancel_on_server(cid, fut)
             raise LayaError(Kind.TIMEOUT, "%s did not answer within %g s" % (self.what, timeout)) from None
+        except asyncio.CancelledError:
+            if sent:
+                self._cancel_on_server(cid, fut)
+            raise
         finally:
             self._pending.pop(cid, None)
+
+    def _cancel_on_server(self, cid: int, fut: "asyncio.Future") -> None:
+        """The call `cid`, sent and not answered, is no longer wanted: tell the server, which
+        drops its queued work (a backend that is gone has dropped it anyway)."""
+        sock = self._sock
+        if sock is None or sock.closed or (fut.done() and not fut.cancelled()):
+            return
+        try:
+            sock.send(self._call_cls(id=cid).SerializeToString(), zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            pass
 
     async def _send(self, sock, payload: bytes, timeout: Optional[float]) -> None:
         """Send at once, or, while no backend is connected (IMMEDIATE refuses to queue), retry for a

@@ -6,6 +6,7 @@ Message-size limits and keepalive are set here once, symmetrically for servers a
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 from typing import Awaitable, Callable, Iterable, Optional
@@ -74,10 +75,18 @@ def channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target(address), options=CHANNEL_OPTIONS)
 
 
-def server(max_concurrent_rpcs: Optional[int] = None, interceptors=None, reuse_port: bool = False) -> grpc.aio.Server:
+def server(max_concurrent_rpcs: Optional[int] = None, interceptors=None, reuse_port: bool = False,
+           max_receive_bytes: Optional[int] = None) -> grpc.aio.Server:
     """reuse_port lets several processes serve one TCP port (the kernel spreads connections);
-    off by default so that a port already in use is an error, not a silent share."""
-    return grpc.aio.server(options=SERVER_OPTIONS + [("grpc.so_reuseport", int(reuse_port))], maximum_concurrent_rpcs=max_concurrent_rpcs, interceptors=interceptors)
+    off by default so that a port already in use is an error, not a silent share. Every server
+    answers an undecodable request message with INVALID_ARGUMENT (UndecodableRequests);
+    `max_receive_bytes` lowers the message cap of a public server below the internal one."""
+    options = SERVER_OPTIONS + [("grpc.so_reuseport", int(reuse_port))]
+    if max_receive_bytes is not None:
+        options = [o for o in options if o[0] != "grpc.max_receive_message_length"]
+        options.append(("grpc.max_receive_message_length", max_receive_bytes))
+    return grpc.aio.server(options=options, maximum_concurrent_rpcs=max_concurrent_rpcs,
+                           interceptors=[UndecodableRequests()] + list(interceptors or ()))
 
 
 def add_health_and_reflection(srv: grpc.aio.Server, service_names: Iterable[str]) -> health.aio.HealthServicer:
@@ -172,3 +181,97 @@ def error_from_rpc(e: grpc.RpcError, what: str = "") -> LayaError:
 def transport_detail(what: str) -> str:
     """What a client reads when a backend cannot be reached (never its address)."""
     return "%s unavailable: not reachable; retry shortly" % (what or "backend service")
+
+
+class _Undecodable:
+    """What a request that is not a valid message of its type deserializes to (never raised
+    inside grpc, which would answer UNKNOWN and log a traceback)."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _tolerant(deserialize: Optional[Callable]) -> Optional[Callable]:
+    if deserialize is None:
+        return None
+
+    def parse(raw: bytes):
+        try:
+            return deserialize(raw)
+        except Exception as e:  # noqa: BLE001 - DecodeError, or whatever a parser raises on garbage
+            return _Undecodable(e)
+    return parse
+
+
+async def _refuse(context, bad: _Undecodable):
+    log.debug("undecodable request: %s", bad.error)
+    await abort(context, LayaError(Kind.BAD_REQUEST, "request is not a valid protobuf message of this method's type"))
+
+
+async def _checked_stream(requests, context):
+    async for request in requests:
+        if isinstance(request, _Undecodable):
+            await _refuse(context, request)
+        yield request
+
+
+class UndecodableRequests(grpc.aio.ServerInterceptor):
+    """Undecodable protobuf gets INVALID_ARGUMENT on every method (health, reflection and
+    streams included), without a traceback in the log: the request deserializer hands a marker
+    instead of raising, and the method's behaviour refuses it before running."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        des = _tolerant(handler.request_deserializer)
+        if handler.unary_unary is not None:
+            return handler._replace(request_deserializer=des, unary_unary=_unary_request(handler.unary_unary))
+        if handler.unary_stream is not None:
+            return handler._replace(request_deserializer=des, unary_stream=_unary_request_stream(handler.unary_stream))
+        if handler.stream_unary is not None:
+            return handler._replace(request_deserializer=des, stream_unary=_stream_request(handler.stream_unary))
+        return handler._replace(request_deserializer=des, stream_stream=_stream_request_stream(handler.stream_stream))
+
+
+def _unary_request(behavior):
+    async def run(request, context):
+        if isinstance(request, _Undecodable):
+            await _refuse(context, request)
+        return await behavior(request, context)
+    return run
+
+
+def _unary_request_stream(behavior):
+    if inspect.isasyncgenfunction(behavior):    # yields its responses
+        async def relay(request, context):
+            if isinstance(request, _Undecodable):
+                await _refuse(context, request)
+            async for response in behavior(request, context):
+                yield response
+        return relay
+
+    async def run(request, context):            # writes them with context.write
+        if isinstance(request, _Undecodable):
+            await _refuse(context, request)
+        return await behavior(request, context)
+    return run
+
+
+def _stream_request(behavior):
+    async def run(requests, context):
+        return await behavior(_checked_stream(requests, context), context)
+    return run
+
+
+def _stream_request_stream(behavior):
+    if inspect.isasyncgenfunction(behavior):
+        async def relay(requests, context):
+            async for response in behavior(_checked_stream(requests, context), context):
+                yield response
+        return relay
+
+    async def run(requests, context):
+        return await behavior(_checked_stream(requests, context), context)
+    return run

@@ -8,7 +8,10 @@ so it keeps one stream per backend and sends each call as an id-tagged message.
 Semantics are the unary call's: each call gets its response, or the LayaError the unary handler
 would have raised (carried as a CallError, kind intact); a call has its own timeout; a broken
 stream fails the calls in flight on it like a failed connection (BUSY when the backend is
-unreachable) and the next call opens a new stream. gRPC allows one read and one write in flight
+unreachable) and the next call opens a new stream. A call cancelled on the client side (its caller
+cancelled, or its timeout passed) is cancelled on the server too, as a unary call's would be: the
+client sends a call message with the same id and no request, and the server cancels that call's
+task (a forward pass or encode not yet started is never run). gRPC allows one read and one write in flight
 per stream: one reader task per stream here, writes under a lock on both sides.
 """
 from __future__ import annotations
@@ -40,7 +43,7 @@ async def serve_calls(calls, context: grpc.aio.ServicerContext, handle: Callable
     """Server side of a multiplexed stream: every call runs as its own task (so calls batch
     together exactly as concurrent unary calls do); replies are written as they complete."""
     lock = asyncio.Lock()
-    tasks: set = set()
+    tasks: dict = {}   # call id -> its task
 
     async def one(call) -> None:
         try:
@@ -58,13 +61,18 @@ async def serve_calls(calls, context: grpc.aio.ServicerContext, handle: Callable
 
     try:
         async for call in calls:
+            if not call.HasField("request"):   # the client cancelled this call: no reply is expected
+                t = tasks.get(call.id)
+                if t is not None:
+                    t.cancel()
+                continue
             t = asyncio.ensure_future(one(call))
-            tasks.add(t)
-            t.add_done_callback(tasks.discard)
+            tasks[call.id] = t
+            t.add_done_callback(lambda _, cid=call.id: tasks.pop(cid, None))
         if tasks:   # the caller is done writing: finish what it asked for, then end the stream
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*list(tasks.values()), return_exceptions=True)
     finally:
-        for t in tasks:
+        for t in list(tasks.values()):
             t.cancel()
 
 
@@ -83,6 +91,7 @@ class StreamMux:
     async def call(self, request, timeout: Optional[float] = None):
         cid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
+        stream = None
         try:
             async with self._lock:
                 stream = self._ensure_stream()
@@ -92,12 +101,32 @@ class StreamMux:
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as e:
                     # the stream broke before this write: the reader fails the others; this one says why
                     self._drop(stream)
+                    stream = None
                     raise self._broken(e) from None
             return await asyncio.wait_for(fut, timeout) if timeout else await fut
         except asyncio.TimeoutError:
+            self._cancel_on_server(cid, stream)
             raise LayaError(Kind.TIMEOUT, "%s did not answer within %g s" % (self.what, timeout)) from None
+        except asyncio.CancelledError:
+            self._cancel_on_server(cid, stream)
+            raise
         finally:
             self._pending.pop(cid, None)
+
+    def _cancel_on_server(self, cid: int, stream) -> None:
+        """The call `cid`, written on `stream` and not answered, is no longer wanted: tell the
+        server (from a task of its own: the caller is being cancelled)."""
+        if stream is None or stream.done() or (cid in self._pending and self._pending[cid][0].done()):
+            return
+
+        async def send() -> None:
+            try:
+                async with self._lock:
+                    if not stream.done():
+                        await stream.write(self._call_cls(id=cid))
+            except Exception:  # noqa: BLE001 - a broken stream has cancelled the call anyway
+                pass
+        asyncio.ensure_future(send())
 
     def _ensure_stream(self):
         if self._stream is None or self._stream.done():

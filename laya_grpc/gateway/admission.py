@@ -22,26 +22,35 @@ TIMEOUT_DETAIL = "request body was not received in time"
 
 
 class Admission:
-    """At most `limit` decision requests past auth at once; the rest get 503 immediately."""
+    """At most `limit` decision requests past auth at once, over HTTP and gRPC together; the rest
+    are refused immediately (HTTP 503 + Retry-After, gRPC RESOURCE_EXHAUSTED + retry-after).
+    Nobody ever waits for a slot, so a counter on the event loop's thread is the whole mechanism."""
 
     def __init__(self, limit: int):
         self.limit = limit
-        self._semaphore: Optional[asyncio.Semaphore] = None  # bound to the serving loop lazily
+        self.taken = 0
 
     def slot(self) -> "Admission":
         """`async with admission.slot():` holds one slot (a plain async context manager: cheaper
         per request than a generator-based one)."""
         return self
 
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free (never waits)."""
+        if self.taken >= self.limit:
+            return False
+        self.taken += 1
+        return True
+
+    def release(self) -> None:
+        self.taken -= 1
+
     async def __aenter__(self) -> None:
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.limit)
-        if self._semaphore.locked():
+        if not self.try_acquire():
             raise LayaError(Kind.BUSY, BUSY_DETAIL)
-        await self._semaphore.acquire()
 
     async def __aexit__(self, *exc) -> None:
-        self._semaphore.release()
+        self.taken -= 1
 
 
 async def read_body(receive_stream, content_length: Optional[str], timeout: float) -> bytes:

@@ -12,6 +12,7 @@ docs routes (`/docs`, `/redoc`, `/openapi.json`, served only without a key) are 
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -19,11 +20,11 @@ from typing import Any, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from laya_grpc.core import request_scope
+from laya_grpc.core import metrics, request_scope
 from laya_grpc.core.errors import Kind, LayaError
 
 from laya_grpc.core import timing
@@ -39,6 +40,8 @@ _log = logging.getLogger("laya_grpc.gateway")
 
 UNAUTHORIZED_DETAIL = "invalid or missing bearer token"
 INTERNAL_DETAIL = "inference failed"
+CLIENT_GONE_DETAIL = "client closed the request"
+CLIENT_CLOSED_REQUEST = 499   # nginx's code for it; never reaches the client
 LIVENESS_ONLY = {"status": "ok"}
 # Upstream's /health keys, in its order; `services.health()` must provide them.
 UPSTREAM_HEALTH_KEYS = ("loaded", "revisions", "device", "device_is_preference", "checkpoint_devices",
@@ -47,6 +50,37 @@ UPSTREAM_HEALTH_KEYS = ("loaded", "revisions", "device", "device_is_preference",
 
 def json_response(content: Any, status: int = 200, headers: dict | None = None) -> Response:
     return Response(render_json(content), status_code=status, headers=headers, media_type="application/json")
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+async def until_disconnect(work: Awaitable, receive) -> Any:
+    """`await work`, unless the client disconnects first: then the work is cancelled (its rows
+    leave the gateway, tokenizer and inference queues) and ClientGone is raised. uvicorn never
+    cancels a request on disconnect; it only answers `receive()` with `http.disconnect`."""
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+def _client_gone() -> Response:
+    """Nothing to answer (the server drops a response to a closed connection), nothing to log."""
+    metrics.CANCELLED.labels("http").inc()
+    return json_response({"detail": CLIENT_GONE_DETAIL}, CLIENT_CLOSED_REQUEST)
 
 
 def error_response(error: LayaError) -> Response:
@@ -101,8 +135,10 @@ async def _serve_direct(endpoint, scope, receive, send) -> None:
         raise
 
 
-def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: float | None = None):
-    admission = Admission(settings.max_concurrent)
+def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: float | None = None,
+              admission: Admission | None = None):
+    """`admission`: the slots shared with the gRPC front (grpc_guards); its own when not given."""
+    admission = admission if admission is not None else Admission(settings.max_concurrent)
     api_key = settings.api_key
     # Bytes on both sides: Starlette decodes headers as latin-1, and a str compare_digest raises
     # on non-ASCII; this way every header a client can send answers 401, never 500.
@@ -132,15 +168,21 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
             if not authorized(request):
                 raise LayaError(Kind.UNAUTHENTICATED, UNAUTHORIZED_DETAIL)
             async with admission.slot():
-                raw = await read_body(request.stream(), request.headers.get("content-length"),
-                                      settings.body_read_timeout)
+                try:
+                    raw = await read_body(request.stream(), request.headers.get("content-length"),
+                                          settings.body_read_timeout)
+                except ClientDisconnect:
+                    return _client_gone()
                 timing.mark("admission_body")
                 req = parse(raw, decider.route_table, settings.max_token_budget)
                 timing.mark("parse")
                 t0 = time.perf_counter()
                 try:
+                    # the task until_disconnect starts copies the context: the deadline goes with it
                     with deadline.within(request_timeout_s or None):
-                        result = await run(req)
+                        result = await until_disconnect(run(req), request.receive)
+                except ClientGone:
+                    return _client_gone()
                 except LayaError:
                     raise
                 except Exception as error:  # a bug or a lost service: never leak it to the client
@@ -168,10 +210,12 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
 
     async def ready(request: Request) -> Response:
         """Readiness probe: 200 only while requests can be answered, else 503 with the reason
-        (/health answers 200 with "ready": false during an outage, which a probe cannot use)."""
+        (/health answers 200 with "ready": false during an outage, which a probe cannot use). With a
+        key set the reason, which names backend addresses, is for callers holding the key only."""
         reason = not_ready_reason(decider.services)
         if reason:
-            return json_response({"ready": False, "detail": reason}, 503)
+            body = {"ready": False, "detail": reason} if authorized(request) else {"ready": False}
+            return json_response(body, 503)
         return json_response({"ready": True})
 
     async def live(request: Request) -> Response:

@@ -12,6 +12,7 @@ is watched over the gRPC address each endpoint names. Infer calls of concurrent 
 """
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 from typing import Any, Optional, Sequence
@@ -34,11 +35,12 @@ from .health import health_payload
 from .services import CheckpointInfo, Encoded, InferResult
 
 S = status_pb2
-# The rows of the request whose task this is. An Infer call carries that request's deadline only
-# when it sends exactly those rows from that task: a call that merges several requests' rows runs in
-# whichever task launched it (a context copied from another request, possibly one long answered),
-# so it is bounded by infer_timeout_s and each of its requests by its own backend calls.
-_OWN_ROWS: contextvars.ContextVar = contextvars.ContextVar("laya_own_rows", default=None)
+# The task of the request whose context this is. An Infer call carries that request's deadline only
+# when it runs in that task, which then sends that request's rows alone (all of them, or one chunk
+# of a large request: coalesce.py): a call that merges several requests' rows runs in a helper task
+# (a context copied from another request, possibly one long answered), so it is bounded by
+# infer_timeout_s and each of its requests by its own backend calls.
+_OWN_TASK: contextvars.ContextVar = contextvars.ContextVar("laya_own_task", default=None)
 
 
 class UnaryCalls:
@@ -166,11 +168,11 @@ class RemoteServices(BackendWatch):
         st = self._checkpoint_status(checkpoint)
         if st is not None and st.max_row_tokens:   # refuse here: in a shared Infer call it would fail the others
             packed.check_max_len(st.max_row_tokens)   # the rest was validated when the tokenizer's reply came in
-        token = _OWN_ROWS.set(packed)
+        token = _OWN_TASK.set(asyncio.current_task())
         try:
             resp, merged, start = await self._coalescer.submit(checkpoint, packed)
         finally:
-            _OWN_ROWS.reset(token)
+            _OWN_TASK.reset(token)
         timing.add("queue_wait", resp.queue_ms)
         timing.add("model", resp.model_ms)
         flat = np.frombuffer(resp.logits, dtype="<f4")
@@ -185,7 +187,7 @@ class RemoteServices(BackendWatch):
         for rid, tp in coalesce.origins():
             req.origins.add(request_id=rid, traceparent=tp)
         rows.to_proto(req.rows)
-        own = rows is _OWN_ROWS.get()
+        own = _OWN_TASK.get() is asyncio.current_task()
         return await self._inf_call.call(req, deadline.timeout(self.infer_timeout_s) if own else self.infer_timeout_s)
 
     async def checkpoint(self, name: str) -> CheckpointInfo:

@@ -10,19 +10,21 @@ import asyncio
 import logging
 import sys
 
-import uvicorn
-
 from laya_grpc.core import draining, metrics, rpc
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_observability
+from laya_grpc.core.restart_counts import seed_backend_restarts
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import parse_checkpoint_specs
 from laya_proto.v1 import decision_pb2_grpc
 
+from .admission import Admission
 from .decider import Decider
 from .endpoints import parse_target, split_entries
 from .grpc_api import DecisionServicer, StatusServicer
+from .grpc_guards import public_server
 from .http_app import build_app
+from .http_server import build_server
 from .listen import listen_socket, split_host_port
 from .options import add_arguments, add_gateway_flags  # noqa: F401 - the command's flags (cli/main.py)
 from .readiness import DECISION_SERVICE, STATUS_SERVICE, follow_readiness
@@ -40,9 +42,11 @@ async def serve(args: argparse.Namespace) -> int:
     feed = ChangeFeed()
     services = RemoteServices(parse_target(args.tokenizer, "--tokenizer"), parse_target(args.inference, "--inference"),
                               feed)
+    seed_backend_restarts(services.tokenizers, services.inferences)   # counts kept by the supervisor
     decider = Decider(services, table, settings)
 
-    grpc_server = rpc.server(reuse_port=args.reuse_port)
+    admission = Admission(settings.max_concurrent)   # one limit for HTTP and gRPC
+    grpc_server = public_server(settings.api_key, admission, reuse_port=args.reuse_port)
     status = StatusServicer(services, feed, args.grpc)
     decision_pb2_grpc.add_DecisionServiceServicer_to_server(
         DecisionServicer(decider, settings.api_key, settings.max_token_budget), grpc_server)
@@ -62,12 +66,8 @@ async def serve(args: argparse.Namespace) -> int:
     await grpc_server.start()
 
     host, port = split_host_port(args.http, "--http")
-    app = build_app(decider, settings, args.request_timeout_s)
-    # httptools: ~0.1 ms less gateway CPU a request than uvicorn's h11 default (docs/performance.md)
-    http = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                         lifespan="off", timeout_keep_alive=30, root_path=settings.root_path,
-                                         http="httptools", timeout_graceful_shutdown=5))
-    http.install_signal_handlers = lambda: None  # we own SIGTERM/SIGINT
+    app = build_app(decider, settings, args.request_timeout_s, admission)
+    http = build_server(app, host, port, args, settings.root_path)
     services.start()
 
     readiness = asyncio.ensure_future(follow_readiness(services, feed, app, settings.api_key, hs))

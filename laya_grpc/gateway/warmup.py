@@ -6,6 +6,7 @@ real request pays no first-use cost. Only the response status is kept.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -54,7 +55,9 @@ async def _asgi_post(app, path: str, body: bytes, headers: list) -> int:
     chunks = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def receive():
-        return chunks.pop(0) if chunks else {"type": "http.disconnect"}
+        if chunks:
+            return chunks.pop(0)
+        await asyncio.Event().wait()   # a client that stays: http.disconnect would abandon the request
 
     async def send(message):
         if message["type"] == "http.response.start":

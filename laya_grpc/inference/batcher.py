@@ -73,11 +73,20 @@ class Batcher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Queued work fails at once (BUSY: retry elsewhere or later); a forward pass already running
+        ends at its next sub-forward (rows beyond the token budget run as several). The wait is
+        short so that the process exits within its supervisor's grace period (5 s) even if one
+        forward is long: the device thread is a daemon and dies with the process."""
         with self._cv:
             self._stop = True
+            queued = list(self._queue)
+            self._queue.clear()
             self._cv.notify_all()
-        self._thread.join(timeout=10)
+        err = LayaError(Kind.BUSY, "inference service is shutting down")
+        for job in queued:
+            job.loop.call_soon_threadsafe(_set_exception, job.future, err)
+        self._thread.join(timeout=timeout_s)
 
     @property
     def depth(self) -> int:
@@ -187,6 +196,8 @@ class Batcher:
             per = (per + 1) // 2
         logits, acts = [], []
         for a in range(0, rows.n, per):
+            if a and self._stop:
+                raise LayaError(Kind.BUSY, "inference service is shutting down")
             idx = range(a, min(a + per, rows.n))
             part = rows if per >= rows.n else rows.take(idx)
             lg, ac = runner.run_rows(part, pad_id, pad_to=L)

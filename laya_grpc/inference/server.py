@@ -169,7 +169,9 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
                          lambda: servicer.inflight + batcher.depth, "inference")
     if calls:   # IPC calls in flight were counted in inflight, so none is cut off here
         await calls.close()
-    batcher.stop()
+    # a forward still running ends at its next sub-forward; 1.5 s keeps the exit inside the
+    # 5 s the supervisor allows after the drain grace before SIGKILL
+    batcher.stop(timeout_s=1.5)
     return 0
 
 

@@ -45,6 +45,9 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         while self._pending:
             batch, self._pending = self._pending[: self.max_jobs], self._pending[self.max_jobs:]
+            batch = [(j, fut) for j, fut in batch if not fut.cancelled()]   # their callers are gone
+            if not batch:
+                continue
             jobs = [j for j, _ in batch]
             try:
                 if sum(_chars(j) for j in jobs) <= INLINE_CHARS:
