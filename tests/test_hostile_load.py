@@ -197,5 +197,7 @@ def test_kill_9_under_load_gives_no_wrong_answer(stack, soak):
         assert _same(stack.client.post(stack.http + "/v1/systemone", json=bodies[i]).json(), expected[i])
     # the gateway was restarted last: the restarts it reports before that come from the supervisor
     ev = decision_pb2_grpc.StatusServiceStub(stack.channel).GetStatus(status_pb2.StatusRequest(), timeout=10)
-    restarts = {s.service: s.restarts for s in ev.services}
+    restarts: dict = {}   # several tokenizer workers on a larger machine: one entry each, one of them killed
+    for s in ev.services:
+        restarts[s.service] = restarts.get(s.service, 0) + s.restarts
     assert restarts.get("tokenizer", 0) >= rounds and restarts.get("inference", 0) >= rounds, restarts

@@ -138,8 +138,13 @@ class IpcServer:
 
     async def _one(self, peer: bytes, call) -> None:
         reply = await reply_to(call, self._handle, self._reply_cls, self._error_cls, self.name)
+        payload = reply.SerializeToString()
+        if len(payload) > MAX_MESSAGE_BYTES:   # the peer would drop the connection and with it every call on it
+            payload = self._reply_cls(id=call.id, error=call_error(LayaError(
+                Kind.TOO_LARGE, "%s reply of %d bytes is over the %d-byte message limit (LAYA_GRPC_MAX_MESSAGE_BYTES)"
+                % (self.name, len(payload), MAX_MESSAGE_BYTES)), self._error_cls)).SerializeToString()
         if not self._sock.closed:
-            self._sock.send_multipart([peer, reply.SerializeToString()], zmq.NOBLOCK)
+            self._sock.send_multipart([peer, payload], zmq.NOBLOCK)
             self._drain()
 
     async def close(self) -> None:

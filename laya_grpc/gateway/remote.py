@@ -65,6 +65,31 @@ def backend_calls(balanced: bool, stream_method, unary_method, call_cls, what: s
     return streams.StreamMux(stream_method, call_cls, what)
 
 
+# Token arrays one Tokenize reply may carry. A batch whose rows would make a larger reply (the
+# largest the HTTP limits admit is about 134 MB of token ids) is tokenized in several calls, by
+# states, one call after another, so no reply nears the internal message limit and other requests'
+# tokenize calls take turns with the large one's.
+TOKENIZE_REPLY_BUDGET = min(16 * 1024 * 1024, rpc.MAX_MESSAGE_BYTES // 4)
+_BYTES_PER_TOKEN = 12   # ids, and for parallel-option checkpoints position and option ids (int32 each)
+
+
+def reply_groups(states_json: Sequence[str], texts: Sequence[Any], row_cap: int,
+                 budget: int = TOKENIZE_REPLY_BUDGET) -> list:
+    """Consecutive groups of state indices whose Tokenize replies stay within the budget. A row's
+    tokens are bounded by its characters (UTF-8 bytes) and by the row cap, when known."""
+    longest_q = max((t.ByteSize() for t in texts), default=0) + 16
+    groups, cur, size = [], [], 0
+    for i, s in enumerate(states_json):
+        row = len(s.encode("utf-8", "surrogatepass")) + longest_q
+        est = len(texts) * (min(row, row_cap) if row_cap else row) * _BYTES_PER_TOKEN
+        if cur and size + est > budget:
+            groups.append(cur)
+            cur, size = [], 0
+        cur.append(i)
+        size += est
+    return groups + [cur] if cur else groups or [[]]
+
+
 def _links(target: BackendTarget) -> list:
     """The ipc:// links of a backend given as ipc:///PATH?grpc=ADDRESS endpoints; [] for gRPC."""
     return [ipc.Link.parse(e) for e in target.endpoints] if target.scheme == "ipc" else []
@@ -147,10 +172,24 @@ class RemoteServices(BackendWatch):
     # -- Services -------------------------------------------------------------------------
     async def tokenize(self, checkpoint: str, states: Sequence[Any], questions: Sequence[Any],
                        max_len: Optional[int], head_max_len: Optional[int]) -> list[Encoded]:
-        req = tokenizer_pb2.TokenizeRequest(checkpoint=checkpoint,
-                                            states_json=[json.dumps(s, ensure_ascii=False) for s in states])
+        states_json = [json.dumps(s, ensure_ascii=False) for s in states]
+        texts = []
         for q in questions:
-            question_to_text(q, req.questions.add())
+            texts.append(tokenizer_pb2.QuestionText())
+            question_to_text(q, texts[-1])
+        st = self._checkpoint_status(checkpoint)
+        groups = reply_groups(states_json, texts, max_len or (st.max_row_tokens if st is not None else 0))
+        if len(groups) == 1:
+            return await self._tokenize(checkpoint, states_json, texts, max_len, head_max_len)
+        out = []   # one call at a time: other requests' tokenize calls get their turn between them
+        for g in groups:
+            out += await self._tokenize(checkpoint, [states_json[i] for i in g], texts, max_len, head_max_len)
+        return out
+
+    async def _tokenize(self, checkpoint: str, states_json: list, texts: list, max_len: Optional[int],
+                        head_max_len: Optional[int]) -> list[Encoded]:
+        req = tokenizer_pb2.TokenizeRequest(checkpoint=checkpoint, states_json=states_json)
+        req.questions.extend(texts)
         if max_len is not None:
             req.max_len = max_len
         if head_max_len is not None:
