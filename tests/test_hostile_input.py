@@ -133,6 +133,11 @@ def test_grpc_and_http_share_one_admission_limit(stack):
         assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in details), details
         r = stack.client.post(stack.http + "/v1/systemone", json=SMALL, headers=AUTH)
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        # each DecideStream call takes a slot too: refused as its own reply, the stream stays open
+        calls = [decision_pb2.DecideCall(id=1, request=decision_pb2.DecideRequest(request_json=json.dumps(SMALL)))]
+        replies = list(stub.DecideStream(iter(calls), metadata=MD, timeout=10))
+        assert len(replies) == 1 and replies[0].WhichOneof("result") == "error", replies
+        assert replies[0].error.kind == "BUSY", replies[0].error
     finally:
         for s in holders:
             s.close()

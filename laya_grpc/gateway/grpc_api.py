@@ -29,8 +29,10 @@ S = status_pb2
 
 
 class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
-    def __init__(self, decider: Decider, api_key: Optional[str], max_token_budget: int):
+    def __init__(self, decider: Decider, api_key: Optional[str], max_token_budget: int,
+                 admission: Optional[Admission] = None):
         self.decider, self.max_token_budget = decider, max_token_budget
+        self.admission = admission   # DecideStream's calls take slots one by one (grpc_guards covers the unary RPCs)
         # as the HTTP side: bytes with surrogateescape, so any key or header compares, never raises
         self._expected = ("Bearer " + api_key).encode("utf-8", "surrogateescape") if api_key else None
 
@@ -63,7 +65,10 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
         async def one(request):   # each call is a request of its own: own id, span, access-log line
             with request_scope.observed("grpc", "decide", None, traceparent):
-                return await self._decide(request, denied)
+                if denied is not None or self.admission is None:
+                    return await self._decide(request, denied)
+                async with self.admission.slot():   # over the limit: this call's reply is the 503 (UNAVAILABLE)
+                    return await self._decide(request, denied)
         await streams.serve_calls(request_iterator, context, one,
                                   decision_pb2.DecideReply, tokens_pb2.CallError, "Decide")
 

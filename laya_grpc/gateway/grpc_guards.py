@@ -9,7 +9,8 @@ DecideStream is the exception that proves it: it checks the token itself and ans
 on the stream with the 401 (aborting the stream would race the client's first write).
 
 Admission: Decide and DecideBatch take a slot of the one `Admission` the HTTP app uses, so
-`LAYA_MAX_CONCURRENT` bounds both transports together. Over it a call gets RESOURCE_EXHAUSTED at
+`LAYA_MAX_CONCURRENT` bounds both transports together (each DecideStream call takes one too, in
+grpc_api.py, and is answered UNAVAILABLE with the 503's detail when none is free). Over it a call gets RESOURCE_EXHAUSTED at
 once, with a google.rpc RetryInfo detail and `retry-after: 1` trailing metadata (HTTP: 503 +
 `Retry-After: 1`).
 """

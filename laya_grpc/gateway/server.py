@@ -49,7 +49,7 @@ async def serve(args: argparse.Namespace) -> int:
     grpc_server = public_server(settings.api_key, admission, reuse_port=args.reuse_port)
     status = StatusServicer(services, feed, args.grpc)
     decision_pb2_grpc.add_DecisionServiceServicer_to_server(
-        DecisionServicer(decider, settings.api_key, settings.max_token_budget), grpc_server)
+        DecisionServicer(decider, settings.api_key, settings.max_token_budget, admission), grpc_server)
     decision_pb2_grpc.add_StatusServiceServicer_to_server(status, grpc_server)
     hs = rpc.add_health_and_reflection(grpc_server, [DECISION_SERVICE, STATUS_SERVICE])
     await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], False)
