@@ -104,10 +104,11 @@ def run_engine(a, out: Out) -> None:
                 pred.encoder.pad_id), a.iters)
         out.rec("latency", input=c.name, rows=len(rows), tokens=int(max(len(r.ids) for r in rows)),
                 e2e=summary_ms(e2e), model=summary_ms(model), tokenize=summary_ms(tok))
-    states = [cases[0].state] * 64
-    pred.predict_batch(states, cases[0].questions)
-    bt = time_calls(lambda: pred.predict_batch(states, cases[0].questions), max(3, a.iters // 20))
-    out.rec("batch64", input="short", decisions_per_s=64 / float(np.median(bt)), **summary_ms(bt))
+    for n in (64, 256):
+        states = [cases[0].state] * n
+        pred.predict_batch(states, cases[0].questions)
+        bt = time_calls(lambda: pred.predict_batch(states, cases[0].questions), max(3, a.iters // 20))
+        out.rec("batch", states=n, input="short", decisions_per_s=n / float(np.median(bt)), **summary_ms(bt))
     soak = random_cases(a.soak)
     for c in soak:
         pred.predict(c.state, c.questions)
@@ -217,7 +218,7 @@ def run_upstream(a, out: Out, compiled: bool) -> None:
     states = [cases[0].state] * 64
     agent.predict_batch(states, cases[0].questions)
     bt = time_calls(lambda: agent.predict_batch(states, cases[0].questions), max(3, a.iters // 20))
-    out.rec("batch64", input="short", decisions_per_s=64 / float(np.median(bt)), **summary_ms(bt))
+    out.rec("batch", states=64, input="short", decisions_per_s=64 / float(np.median(bt)), **summary_ms(bt))
     if a.ab_pairs and not compiled:
         ab(a, out, agent)
 

@@ -79,10 +79,12 @@ def write_report(jsonl: str, out_dir: str) -> str:
             L.append("| %s | %d | %.0f | %.0f | %s | %s | %s |" % (LABEL[r["target"]], r["clients"], r["req_per_s"],
                      r["decisions_per_s"], _f(r["p50_ms"]), _f(r["p95_ms"]), json.dumps(r["codes"])))
     L += replicas_section(all_recs)
-    b64 = [r for r in recs if r["kind"] == "batch64"]
-    if b64:
-        L += ["", "## predict_batch of 64 short states (in-process)", "", "| target | decisions/s | p50 ms |", "|---|---|---|"]
-        L += ["| %s | %.0f | %s |" % (LABEL[r["target"]], r["decisions_per_s"], _f(r["p50_ms"])) for r in b64]
+    batches = [dict(r, states=r.get("states", 64)) for r in recs if r["kind"] in ("batch", "batch64")]
+    if batches:
+        L += ["", "## predict_batch of short states (in-process)", "", "| target | states | decisions/s | p50 ms |",
+              "|---|---|---|---|"]
+        L += ["| %s | %d | %.0f | %s |" % (LABEL[r["target"]], r["states"], r["decisions_per_s"], _f(r["p50_ms"]))
+              for r in batches]
     mem = [r for r in recs if r["kind"] == "memory"]
     if mem:
         L += ["", "## Memory", "", "| target | phase | figures |", "|---|---|---|"]
