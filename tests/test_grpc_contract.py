@@ -30,7 +30,10 @@ KIND_BY_HTTP = {k.http_status: k for k in Kind if k.http_status != 500}
 
 @pytest.fixture(scope="module", params=[None, KEY], ids=["auth-off", "auth-on"])
 def stack(request, tiny_ckpt, tiny_ml_ckpt):
-    env = {"LAYA_API_KEY": request.param} if request.param else {}
+    # every probe at once on one DecideStream: each call takes an admission slot (16 by default)
+    env = {"LAYA_MAX_CONCURRENT": "256"}
+    if request.param:
+        env["LAYA_API_KEY"] = request.param
     with Stack({"english": tiny_ckpt, "multilingual": tiny_ml_ckpt, "typed-decisions": tiny_ckpt}, env=env) as s:
         s.key = request.param
         s.channel = grpc.insecure_channel(s.grpc)

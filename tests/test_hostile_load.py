@@ -136,8 +136,17 @@ def test_kill_9_under_load_gives_no_wrong_answer(stack, soak):
     bodies = _expected_bodies(n_clients)
     expected = [stack.client.post(stack.http + "/v1/systemone", json=b).json() for b in bodies]
     stop = threading.Event()
-    tally = {"ok": 0, "wrong": [], "refused": 0}
+    tally = {"ok": 0, "wrong": [], "refused": 0, "crashed": []}
     lock = threading.Lock()
+
+    def guarded(client):   # an assertion inside a client thread must fail the test, not just warn
+        def run(i):
+            try:
+                client(i)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                with lock:
+                    tally["crashed"].append(repr(e)[:300])
+        return run
 
     def http_client(i):
         with httpx.Client(timeout=60) as c:
@@ -176,7 +185,7 @@ def test_kill_9_under_load_gives_no_wrong_answer(stack, soak):
                     tally["wrong"].append((i, resp.json))
         ch.close()
 
-    threads = [threading.Thread(target=http_client if i % 2 == 0 else grpc_client, args=(i,))
+    threads = [threading.Thread(target=guarded(http_client if i % 2 == 0 else grpc_client), args=(i,))
                for i in range(n_clients)]
     for t in threads:
         t.start()
@@ -191,6 +200,7 @@ def test_kill_9_under_load_gives_no_wrong_answer(stack, soak):
         stop.set()
         for t in threads:
             t.join(timeout=120)
+    assert not tally["crashed"], tally["crashed"][:3]
     assert not tally["wrong"], tally["wrong"][:3]
     assert tally["ok"] > n_clients, tally
     for i in (0, 1):
@@ -201,3 +211,25 @@ def test_kill_9_under_load_gives_no_wrong_answer(stack, soak):
     for s in ev.services:
         restarts[s.service] = restarts.get(s.service, 0) + s.restarts
     assert restarts.get("tokenizer", 0) >= rounds and restarts.get("inference", 0) >= rounds, restarts
+
+
+def test_a_tokenizer_still_loading_answers_busy_not_not_found():
+    """A restarted tokenizer listens before its tokenizers are loaded; a call that reaches it then
+    (a client ignoring health, or the gateway's only tokenizer) is a retryable 503, not a 404 that
+    says the checkpoint does not exist (seen under kill -9 load)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+    from laya_grpc.core.errors import Kind, LayaError
+    from laya_grpc.tokenizer.server import TokenizerServicer
+    from laya_proto.v1 import tokenizer_pb2
+    with ThreadPoolExecutor(1) as pool:
+        servicer = TokenizerServicer({}, pool)
+        req = tokenizer_pb2.TokenizeRequest(checkpoint="english", states_json=['"hi"'],
+                                            questions_json=json.dumps(SMALL["questions"]))
+        with pytest.raises(LayaError) as starting:
+            asyncio.run(servicer.tokenize(req))
+        assert starting.value.kind is Kind.BUSY, starting.value.detail
+        servicer.loaded = True   # loaded, and the checkpoint is not among them: now it is a 404
+        with pytest.raises(LayaError) as unknown:
+            asyncio.run(servicer.tokenize(req))
+        assert unknown.value.kind is Kind.NOT_FOUND
