@@ -20,6 +20,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list:
+    """n distinct free ports: all held open while picked (one free_port() after another may hand
+    out the same port twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 class Stack:
     """`with Stack({"english": dir, ...}) as s:` -> s.http (base URL), s.grpc (address)."""
 

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from laya_grpc.client import LayaClient
 from laya_grpc.core.errors import Kind, LayaError
-from stack import ROOT, Stack, free_port
+from stack import ROOT, Stack, free_port, free_ports
 
 ME = [sys.executable, "-m", "laya_grpc.cli"]
 QUESTIONS = [
@@ -180,9 +180,10 @@ def ask(http: str, client: LayaClient, key: tuple):
 
 def test_replicas_kill_restart_and_drain_under_load(tiny_ckpt):
     procs = Procs()
-    inf = [(free_port(), free_port()) for _ in range(3)]          # (gRPC, metrics) per replica
-    tok = [(free_port(), free_port()) for _ in range(2)]
-    http_port, grpc_port = free_port(), free_port()
+    ports = free_ports(12)
+    inf = [(ports[2 * k], ports[2 * k + 1]) for k in range(3)]          # (gRPC, metrics) per replica
+    tok = [(ports[6 + 2 * k], ports[7 + 2 * k]) for k in range(2)]
+    http_port, grpc_port = ports[10], ports[11]
     http, gw_grpc = "http://127.0.0.1:%d" % http_port, "127.0.0.1:%d" % grpc_port
     ck = ["--checkpoint", "english=" + tiny_ckpt]
 
