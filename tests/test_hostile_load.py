@@ -229,7 +229,7 @@ def test_a_tokenizer_still_loading_answers_busy_not_not_found():
         with pytest.raises(LayaError) as starting:
             asyncio.run(servicer.tokenize(req))
         assert starting.value.kind is Kind.BUSY, starting.value.detail
-        servicer.loaded = True   # loaded, and the checkpoint is not among them: now it is a 404
+        servicer.tokenizers = {"other": object()}   # loaded, and the checkpoint is not among them: now it is a 404
         with pytest.raises(LayaError) as unknown:
             asyncio.run(servicer.tokenize(req))
         assert unknown.value.kind is Kind.NOT_FOUND

@@ -38,7 +38,7 @@ import zmq
 from . import flags
 from .errors import Kind, LayaError
 from .rpc import MAX_MESSAGE_BYTES
-from .streams import call_error, error_from_call
+from .streams import error_from_call, reply_to
 
 log = logging.getLogger("laya_grpc.core.ipc")
 SCHEME = "ipc://"
@@ -74,18 +74,6 @@ def _check_endpoint(endpoint: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ server side
-
-async def reply_to(call, handle: Callable[[object], Awaitable], reply_cls, error_cls, name: str):
-    """The reply to one call: its response, or the LayaError it raised (kind intact)."""
-    try:
-        return reply_cls(id=call.id, response=await handle(call.request))
-    except LayaError as e:
-        return reply_cls(id=call.id, error=call_error(e, error_cls))
-    except Exception as e:  # a bug: logged with traceback, the socket and the service keep serving
-        log.exception("%s call failed", name)
-        return reply_cls(id=call.id, error=call_error(
-            LayaError(Kind.INTERNAL, "%s failed: %s: %s" % (name, type(e).__name__, e)), error_cls))
-
 
 class IpcServer:
     """A ROUTER socket bound to `endpoint`: every call runs as its own task (so calls batch
@@ -138,13 +126,8 @@ class IpcServer:
 
     async def _one(self, peer: bytes, call) -> None:
         reply = await reply_to(call, self._handle, self._reply_cls, self._error_cls, self.name)
-        payload = reply.SerializeToString()
-        if len(payload) > MAX_MESSAGE_BYTES:   # the peer would drop the connection and with it every call on it
-            payload = self._reply_cls(id=call.id, error=call_error(LayaError(
-                Kind.TOO_LARGE, "%s reply of %d bytes is over the %d-byte message limit (LAYA_GRPC_MAX_MESSAGE_BYTES)"
-                % (self.name, len(payload), MAX_MESSAGE_BYTES)), self._error_cls)).SerializeToString()
         if not self._sock.closed:
-            self._sock.send_multipart([peer, payload], zmq.NOBLOCK)
+            self._sock.send_multipart([peer, reply.SerializeToString()], zmq.NOBLOCK)
             self._drain()
 
     async def close(self) -> None:

@@ -38,6 +38,26 @@ def error_from_call(e) -> LayaError:
     return LayaError(kind, e.detail)
 
 
+async def reply_to(call, handle: Callable[[object], Awaitable], reply_cls, error_cls, name: str):
+    """The reply to one id-tagged call (on a stream here, or over IPC, core/ipc.py): its response,
+    or the LayaError it raised (kind intact). A reply over the internal message limit is answered
+    TOO_LARGE instead: sent, it would break the stream or connection and every call on it."""
+    try:
+        reply = reply_cls(id=call.id, response=await handle(call.request))
+    except LayaError as e:
+        return reply_cls(id=call.id, error=call_error(e, error_cls))
+    except Exception as e:  # a bug: logged with traceback, the stream and the service keep serving
+        log.exception("%s call failed", name)
+        return reply_cls(id=call.id, error=call_error(
+            LayaError(Kind.INTERNAL, "%s failed: %s: %s" % (name, type(e).__name__, e)), error_cls))
+    size = reply.ByteSize()
+    if size > rpc.MAX_MESSAGE_BYTES:
+        return reply_cls(id=call.id, error=call_error(LayaError(
+            Kind.TOO_LARGE, "%s reply of %d bytes is over the %d-byte message limit (LAYA_GRPC_MAX_MESSAGE_BYTES)"
+            % (name, size, rpc.MAX_MESSAGE_BYTES)), error_cls))
+    return reply
+
+
 async def serve_calls(calls, context: grpc.aio.ServicerContext, handle: Callable[[object], Awaitable],
                       reply_cls, error_cls, name: str) -> None:
     """Server side of a multiplexed stream: every call runs as its own task (so calls batch
@@ -46,16 +66,7 @@ async def serve_calls(calls, context: grpc.aio.ServicerContext, handle: Callable
     tasks: dict = {}   # call id -> its task
 
     async def one(call) -> None:
-        try:
-            reply = reply_cls(id=call.id, response=await handle(call.request))
-        except LayaError as e:
-            reply = reply_cls(id=call.id, error=call_error(e, error_cls))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # a bug: logged with traceback, the stream and the service keep serving
-            log.exception("%s call failed", name)
-            reply = reply_cls(id=call.id, error=call_error(
-                LayaError(Kind.INTERNAL, "%s failed: %s: %s" % (name, type(e).__name__, e)), error_cls))
+        reply = await reply_to(call, handle, reply_cls, error_cls, name)
         async with lock:
             await context.write(reply)
 

@@ -177,6 +177,8 @@ class RemoteServices(BackendWatch):
         for q in questions:
             texts.append(tokenizer_pb2.QuestionText())
             question_to_text(q, texts[-1])
+        if len(states_json) == 1:   # the usual request: nothing to split (one state's rows stay far below)
+            return await self._tokenize(checkpoint, states_json, texts, max_len, head_max_len)
         st = self._checkpoint_status(checkpoint)
         groups = reply_groups(states_json, texts, max_len or (st.max_row_tokens if st is not None else 0))
         if len(groups) == 1:

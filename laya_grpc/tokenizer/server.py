@@ -58,14 +58,13 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
     def __init__(self, tokenizers: dict, pool: ThreadPoolExecutor):
         self.tokenizers, self.pool = tokenizers, pool
         self.serving = False    # what grpc.health.v1 says (calls are counted by it)
-        self.loaded = bool(tokenizers)   # the checkpoints' tokenizers are in; until then a call is BUSY, not NOT_FOUND
         self.inflight = 0       # calls running (draining waits for them)
         self._calls = {True: metrics.TOKENIZER_CALLS.labels("yes"), False: metrics.TOKENIZER_CALLS.labels("no")}
 
     def _get(self, name: str) -> LoadedTokenizer:
         tok = self.tokenizers.get(name)
         if tok is None:
-            if not self.loaded:   # a client that ignores health (or a restart raced it) may retry this
+            if not self.tokenizers:   # still loading: a client that ignores health (or a restart raced it) may retry
                 raise LayaError(Kind.BUSY, "tokenizer service is starting: its tokenizers are still loading")
             raise LayaError(Kind.NOT_FOUND, "unknown checkpoint %r; this tokenizer serves %s" % (name, sorted(self.tokenizers)))
         return tok
@@ -143,7 +142,6 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
     log.info("tokenizer listening on %s%s", address, " and " + ipc_endpoint if ipc_endpoint else "")
     try:
         servicer.tokenizers = await asyncio.get_running_loop().run_in_executor(None, load_tokenizers, sources)
-        servicer.loaded = True
     except LayaError as e:
         log.error("cannot load tokenizers: %s", e.detail)
         print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
