@@ -39,7 +39,7 @@ def test_fallback_is_loud_and_visible_in_health(tiny_ckpt):
         c = s.health()["checkpoints"]["english"]
         assert c["device"] == "cpu" and c["device_requested"] == "cuda" and c["device_fallback"] is True
         assert s.health()["device"] == "cpu"
-        assert "FALLING BACK TO CPU" in s.log()
+        assert "FALLING BACK TO CPU" in s.full_log()
 
 
 def test_mlx_backend_reports_where_it_runs(tiny_ckpt):
