@@ -33,6 +33,7 @@ from typing import Awaitable, Callable
 import numpy as np
 
 from laya_grpc.core import metrics, request_id, tracing
+from laya_grpc.core.turns import TURN_MS
 from laya_grpc.core.packed_rows import PackedRows
 from laya_proto.v1 import inference_pb2
 
@@ -47,7 +48,7 @@ def origins() -> list:
     return merged if merged is not None else [(request_id.current_id(), tracing.traceparent())]
 
 
-DEFAULT_CHUNK_MS = 50.0
+DEFAULT_CHUNK_MS = TURN_MS
 FIRST_CHUNK_TOKENS = 2048      # before any speed is known: ~50 ms on the 2-core CI box (tiny checkpoints)
 MIN_CHUNK_TOKENS = 256
 MAX_CHUNK_TOKENS = 65536

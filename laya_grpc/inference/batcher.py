@@ -7,6 +7,15 @@ next batch forms as soon as the device frees); `max_wait_ms` adds a short one fo
 The budget counts tokens as the runner will really run them (packed: the real tokens rounded to a
 token bucket; padded: rows x longest, rounded to its CUDA graph buckets), so a batch never lands in
 a shape that was not captured during warmup.
+
+Turns: once a checkpoint's forwards have been seen to take long (at least half a turn, see
+core/turns.py), merging also stops at about one turn of work at the speed those forwards showed.
+The gateway already cuts a large request into one-turn chunks; without this cap the chunks of two
+large requests would merge into a forward twice as long, which both a small request arriving
+behind them and the rows of a client that went away (a running forward cannot be stopped) would
+have to sit out. Short forwards teach nothing: a GPU at ordinary load never reaches the cap, and
+its speed per token at small batches would underrate large ones. A batch that the token budget
+splits into several forwards stops between them once every request in it is cancelled.
 All framework work stays on this thread (MLX requires it; torch releases the GIL in kernels).
 """
 from __future__ import annotations
@@ -24,6 +33,7 @@ import numpy as np
 from laya_grpc.core import metrics
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.core.turns import TURN_MS
 
 log = logging.getLogger("laya_grpc.inference.batcher")
 
@@ -55,6 +65,13 @@ class _Call:
     future: asyncio.Future
 
 
+_EWMA = 0.3
+
+
+class _AllCancelled(Exception):
+    """Every request of a batch went away between two of its forwards."""
+
+
 class Batcher:
     def __init__(self, get_runner: Callable[[str], object], pad_id_of: Callable[[str], int], *,
                  max_batch_tokens: int = 16384, max_batch_rows: int = 256, max_wait_ms: float = 0.0,
@@ -69,6 +86,7 @@ class Batcher:
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="laya-device", daemon=True)
+        self._ms_per_cost: dict[str, float] = {}   # checkpoint -> ms per cost token, from long forwards
 
     def start(self) -> None:
         self._thread.start()
@@ -124,6 +142,19 @@ class Batcher:
             return lambda rows, longest, total: rows * longest   # not loaded: the forward reports why
         return getattr(runner, "batch_cost", lambda rows, longest, total: rows * longest)
 
+    def turn_cost(self, checkpoint: str) -> int | None:
+        """The cost (tokens as the runner runs them) of about one turn's forward, once long
+        forwards of this checkpoint showed its speed; None before."""
+        per = self._ms_per_cost.get(checkpoint)
+        return None if per is None else max(1, int(TURN_MS / per))
+
+    def _learn(self, checkpoint: str, cost: int, model_ms: float) -> None:
+        if model_ms < TURN_MS / 2 or cost <= 0:
+            return
+        per = model_ms / cost
+        old = self._ms_per_cost.get(checkpoint)
+        self._ms_per_cost[checkpoint] = per if old is None else old + _EWMA * (per - old)
+
     def _take(self):
         """The next unit of work: [_Call], a list of _Job for one forward, or [] to stop."""
         with self._cv:
@@ -139,6 +170,9 @@ class Batcher:
             cost = self._cost(first.checkpoint)
             jobs, rows = [first], first.rows.n
             longest, total = int(first.rows.lengths.max()), len(first.rows.ids)
+            budget, turn = self.max_batch_tokens, self.turn_cost(first.checkpoint)
+            if turn is not None:   # about one turn; a quarter turn more lets small rows ride along
+                budget = min(budget, max(turn, cost(rows, longest, total)) + turn // 4)
             keep = collections.deque()
             while self._queue:
                 j = self._queue.popleft()
@@ -149,7 +183,7 @@ class Batcher:
                     continue
                 cand_longest = max(longest, int(j.rows.lengths.max()))
                 if (rows + j.rows.n > self.max_batch_rows
-                        or cost(rows + j.rows.n, cand_longest, total + len(j.rows.ids)) > self.max_batch_tokens):
+                        or cost(rows + j.rows.n, cand_longest, total + len(j.rows.ids)) > budget):
                     keep.append(j)
                     keep.extend(self._queue)
                     self._queue.clear()
@@ -175,6 +209,10 @@ class Batcher:
                 continue
             self._run_batch(jobs)
 
+    @staticmethod
+    def _all_cancelled(jobs: list) -> bool:
+        return all(j.future.cancelled() for j in jobs)
+
     def _run_call(self, job: _Call) -> None:
         try:
             out = job.fn()
@@ -182,7 +220,7 @@ class Batcher:
         except BaseException as e:  # noqa: BLE001 - delivered to the awaiting coroutine
             job.loop.call_soon_threadsafe(_set_exception, job.future, e)
 
-    def _forward_within_budget(self, checkpoint: str, rows: PackedRows) -> tuple[list, np.ndarray]:
+    def _forward_within_budget(self, checkpoint: str, rows: PackedRows, jobs: list = ()) -> tuple[list, np.ndarray]:
         """Per-row logits (float32 [k]) and act logits for `rows`. Rows whose padded cost exceeds
         the token budget (one large request, or several coalesced by a gateway) run as several
         forwards that each fit it, so no batch lands in a shape the warmup did not prepare. A packing
@@ -198,6 +236,8 @@ class Batcher:
         for a in range(0, rows.n, per):
             if a and self._stop:
                 raise LayaError(Kind.BUSY, "inference service is shutting down")
+            if a and jobs and self._all_cancelled(jobs):
+                raise _AllCancelled()
             idx = range(a, min(a + per, rows.n))
             part = rows if per >= rows.n else rows.take(idx)
             lg, ac = runner.run_rows(part, pad_id, pad_to=L)
@@ -209,7 +249,9 @@ class Batcher:
         start = time.perf_counter()
         try:
             rows = PackedRows.concat([j.rows for j in jobs])
-            logits, act = self._forward_within_budget(jobs[0].checkpoint, rows)
+            logits, act = self._forward_within_budget(jobs[0].checkpoint, rows, jobs)
+        except _AllCancelled:
+            return
         except BaseException as e:  # noqa: BLE001
             err = e if isinstance(e, LayaError) else LayaError(Kind.INTERNAL, "forward failed: %s: %s" % (type(e).__name__, e))
             if not isinstance(e, LayaError):
@@ -227,6 +269,8 @@ class Batcher:
             at += n
             j.loop.call_soon_threadsafe(_set_result, j.future, res)
         # bookkeeping after the waiters are woken, off their path
+        self._learn(jobs[0].checkpoint, self._cost(jobs[0].checkpoint)(rows.n, int(rows.lengths.max()), len(rows.ids)),
+                    model_ms)
         metrics.FORWARD_SECONDS.labels(jobs[0].checkpoint).observe(model_ms / 1e3)
         metrics.BATCH_ROWS.observe(rows.n)
         metrics.QUEUE_DEPTH.set(self.depth)
