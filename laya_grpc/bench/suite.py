@@ -26,9 +26,9 @@ STAGES = ("engine", "upstream", "upstream-compiled", "service", "parity", "repli
 def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--smoke", env="LAYA_BENCH_SMOKE", action="store_true",
               help="tiny checkpoints, CPU, a few iterations per figure: checks the suite end to end (CI)")
-    flags.add(p, "--out", env="LAYA_BENCH_OUT", default=os.path.join("benchmarks", "results"),
-              help="folder for results.jsonl, report.md and the plots (default: benchmarks/results under "
-                   "the current directory, never inside the installed package)")
+    flags.add(p, "--out", env="LAYA_BENCH_OUT", default=os.path.join("benchmarks", "results", "latest"),
+              help="folder for results.jsonl, report.md and the plots (default: benchmarks/results/latest "
+                   "under the current directory, never inside the installed package)")
     flags.add(p, "--work-dir", env="LAYA_BENCH_WORK_DIR", default="/tmp/laya-bench",
               help="where the random-weight checkpoints are made (reused when present)")
     flags.add(p, "--preset", env="LAYA_BENCH_PRESET", default=None,
@@ -115,6 +115,7 @@ def run(a) -> int:
     from .report import hop_summary, write_report
     from .service import run_service
     from laya_grpc.cli.make_checkpoint import make_checkpoint
+    a.out = os.path.abspath(a.out)   # the stage processes run from the package's folder
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "results.jsonl")
     open(path, "w").close()
