@@ -69,6 +69,8 @@ REJECTED = _Family(Counter, "laya_gateway_rejected_total", "Requests refused bef
                    ["api", "reason"])
 CANCELLED = _Family(Counter, "laya_gateway_cancelled_total", "Decision requests abandoned by their client, by API",
                     ["api"])
+GATEWAY_HEAP_TRIMS = _Family(Counter, "laya_gateway_heap_trims_total", "Times freed heap went back to the OS "
+                             "after large requests, once idle (glibc malloc_trim)")
 # several gateway workers under serve: ready only when every live one is
 GATEWAY_READY = _Family(Gauge, "laya_gateway_ready", "1 when every service is up and every preloaded checkpoint warm",
                         multiprocess_mode="livemin")
@@ -87,12 +89,16 @@ CHECKPOINT_READY = _Family(Gauge, "laya_inference_checkpoint_ready", "1 when the
 INFERENCE_CALLS = _Family(Counter, "laya_inference_calls_total", "Infer calls this replica received, by whether it "
                           "reported SERVING when each arrived (calls while not serving mean a client ignored its "
                           "health)", ["serving"])
+INFERENCE_HEAP_TRIMS = _Family(Counter, "laya_inference_heap_trims_total", "Times freed heap went back to the OS "
+                               "after large calls, once idle (glibc malloc_trim)")
 
 # tokenizer
 TOKENIZER_CALLS = _Family(Counter, "laya_tokenizer_calls_total", "Tokenize calls this replica received, by whether "
                           "it reported SERVING when each arrived", ["serving"])
 TOKENIZE_JOBS = _Family(Histogram, "laya_tokenizer_jobs_per_batch", "Requests sharing one encode_batch call",
                         buckets=(1, 2, 4, 8, 16, 32, 64))
+TOKENIZER_HEAP_TRIMS = _Family(Counter, "laya_tokenizer_heap_trims_total", "Times freed heap went back to the OS "
+                               "after large calls, once idle (glibc malloc_trim)")
 
 FAMILIES = [v for v in list(globals().values()) if isinstance(v, _Family)]
 

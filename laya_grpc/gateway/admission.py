@@ -11,9 +11,13 @@ from __future__ import annotations
 import asyncio
 from typing import Optional
 
+from laya_grpc.core import memory, metrics
 from laya_grpc.core.errors import Kind, LayaError
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
+# request bytes after which an idle gateway gives freed heap back (core/memory.py): a 2 MiB body is
+# parsed into many objects and copied into the tokenizer's request, and glibc keeps what they free
+TRIM_AFTER_BYTES = 1024 * 1024
 _timeout = getattr(asyncio, "timeout", None)   # Python 3.11+; 3.10 (still supported) uses wait_for
 
 BUSY_DETAIL = "server busy, try again later"
@@ -24,11 +28,17 @@ TIMEOUT_DETAIL = "request body was not received in time"
 class Admission:
     """At most `limit` decision requests past auth at once, over HTTP and gRPC together; the rest
     are refused immediately (HTTP 503 + Retry-After, gRPC RESOURCE_EXHAUSTED + retry-after).
-    Nobody ever waits for a slot, so a counter on the event loop's thread is the whole mechanism."""
+    Nobody ever waits for a slot, so a counter on the event loop's thread is the whole mechanism.
+
+    The same counter says when the gateway is idle: `trim` gives freed heap back once no slot has
+    been taken for a moment after large requests (their bytes are `trim.add`ed by the fronts). The
+    gateway has no worker thread of its own, so the trim runs in the event loop's default executor."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.taken = 0
+        self.trim = memory.IdleTrim(lambda: self.taken, lambda fn: asyncio.get_running_loop().run_in_executor(None, fn),
+                                    TRIM_AFTER_BYTES, metrics.GATEWAY_HEAP_TRIMS)
 
     def slot(self) -> "Admission":
         """`async with admission.slot():` holds one slot (a plain async context manager: cheaper
@@ -44,13 +54,14 @@ class Admission:
 
     def release(self) -> None:
         self.taken -= 1
+        self.trim.ended()
 
     async def __aenter__(self) -> None:
         if not self.try_acquire():
             raise LayaError(Kind.BUSY, BUSY_DETAIL)
 
     async def __aexit__(self, *exc) -> None:
-        self.taken -= 1
+        self.release()
 
 
 async def read_body(receive_stream, content_length: Optional[str], timeout: float) -> bytes:

@@ -68,6 +68,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 if denied is not None or self.admission is None:
                     return await self._decide(request, denied)
                 async with self.admission.slot():   # over the limit: this call's reply is the 503 (UNAVAILABLE)
+                    self.admission.trim.add(request.ByteSize())
                     return await self._decide(request, denied)
         await streams.serve_calls(request_iterator, context, one,
                                   decision_pb2.DecideReply, tokens_pb2.CallError, "Decide")

@@ -77,6 +77,7 @@ class GatewayGuards(grpc.aio.ServerInterceptor):
                 metrics.REJECTED.labels("grpc", "busy").inc()
                 await _busy(context)
             try:
+                admission.trim.add(request.ByteSize())   # ~0.5 ms per MiB: small beside the work it measures
                 return await behavior(request, context)
             finally:
                 admission.release()

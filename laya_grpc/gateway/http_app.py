@@ -173,6 +173,7 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
                                           settings.body_read_timeout)
                 except ClientDisconnect:
                     return _client_gone()
+                admission.trim.add(len(raw))
                 timing.mark("admission_body")
                 req = parse(raw, decider.route_table, settings.max_token_budget)
                 timing.mark("parse")

@@ -115,6 +115,12 @@ def build_server(app, host: str, port: int, args: argparse.Namespace, root_path:
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                                            lifespan="off", timeout_keep_alive=args.http_idle_timeout,
                                            root_path=root_path, http=protocol,
-                                           timeout_graceful_shutdown=5))
+                                           timeout_graceful_shutdown=5,
+                                           # every request from a fresh context: a request's receive()
+                                           # resumes a paused socket (a body over 64 KiB), asyncio
+                                           # re-registers its reader in that request's context, and the
+                                           # next requests on the kept-alive connection inherited it, its
+                                           # deadline included (all 408 once it passed; CPython #140947)
+                                           reset_contextvars=True))
     server.install_signal_handlers = lambda: None  # the gateway owns SIGTERM/SIGINT
     return server

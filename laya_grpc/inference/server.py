@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import draining, flags, ipc, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, add_observability_flags, clamp_heartbeat, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
@@ -30,13 +30,19 @@ from .settings import InferenceSettings, add_model_flags
 log = logging.getLogger("laya_grpc.inference")
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 S = status_pb2
+# tokens after which an idle inference service gives freed heap back (core/memory.py): a CPU forward's
+# activations are freed to glibc, which keeps them (the CUDA caching allocator is a separate, device cache)
+TRIM_AFTER_TOKENS = 16384
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     def __init__(self, registry: Registry, batcher: Batcher, feed: ChangeFeed, settings: InferenceSettings):
         self.registry, self.batcher, self.feed, self.settings = registry, batcher, feed, settings
         self.state, self.detail = S.STATE_STARTING, "loading checkpoints"
-        self.inflight = 0
+        self.inflight = 0   # calls here, queued or on the device (the heap is trimmed once none is)
+        # the trim runs on the device thread, between forwards, like loading and eviction
+        self.trim = memory.IdleTrim(lambda: self.inflight, batcher.run_on_device, TRIM_AFTER_TOKENS,
+                                    metrics.INFERENCE_HEAP_TRIMS)
         self._calls = {True: metrics.INFERENCE_CALLS.labels("yes"), False: metrics.INFERENCE_CALLS.labels("no")}
         # device and dtype of each live runner, read from its weights once (not on every response;
         # status() still reads them live); weak keys, so an evicted runner is not kept alive
@@ -65,6 +71,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 return await self._infer(slot, request)
         finally:
             self.inflight -= 1
+            self.trim.ended()
 
     async def _infer(self, slot, request) -> inference_pb2.InferResponse:
         runner = slot.runner
@@ -73,6 +80,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             raise LayaError(Kind.INVALID, "token rows were made by another tokenizer (fingerprint %s..., checkpoint "
                             "%r has %s...)" % (rows.fingerprint[:12], slot.name, slot.fingerprint[:12]))
         device, dtype = self._facts(runner)
+        self.trim.add(len(rows.ids))
         if rows.n == 0:
             return inference_pb2.InferResponse(n_act=runner.n_act, device=device, dtype=dtype)
         call_start = time.time_ns() if tracing.enabled() else 0
@@ -167,6 +175,7 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
     feed.bump()
     await draining.drain(srv, hs, [SERVICE_NAME], settings.drain_grace_s,
                          lambda: servicer.inflight + batcher.depth, "inference")
+    servicer.trim.close()
     if calls:   # IPC calls in flight were counted in inflight, so none is cut off here
         await calls.close()
     # a forward still running ends at its next sub-forward; 1.5 s keeps the exit inside the

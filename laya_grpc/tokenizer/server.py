@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import draining, flags, ipc, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
@@ -30,6 +30,9 @@ from laya_grpc.core.question_wire import question_from_text
 
 log = logging.getLogger("laya_grpc.tokenizer")
 SERVICE_NAME = tokenizer_pb2.DESCRIPTOR.services_by_name["TokenizerService"].full_name
+# characters of state and question JSON after which an idle tokenizer gives freed heap back (core/memory.py):
+# encoding takes many times its input's size at its peak (ten 2 MiB batches left 46 MB behind)
+TRIM_AFTER_CHARS = 256 * 1024
 
 
 @dataclass
@@ -58,7 +61,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
     def __init__(self, tokenizers: dict, pool: ThreadPoolExecutor):
         self.tokenizers, self.pool = tokenizers, pool
         self.serving = False    # what grpc.health.v1 says (calls are counted by it)
-        self.inflight = 0       # calls running (draining waits for them)
+        self.inflight = 0       # calls running (draining waits for them; the heap is trimmed once none is)
+        self.trim = memory.IdleTrim(lambda: self.inflight, lambda fn: asyncio.get_running_loop().run_in_executor(pool, fn),
+                                    TRIM_AFTER_CHARS, metrics.TOKENIZER_HEAP_TRIMS)
         self._calls = {True: metrics.TOKENIZER_CALLS.labels("yes"), False: metrics.TOKENIZER_CALLS.labels("no")}
 
     def _get(self, name: str) -> LoadedTokenizer:
@@ -86,12 +91,15 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
                 return await self._tokenize(request)
         finally:
             self.inflight -= 1
+            self.trim.ended()
 
     async def _tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
         tok = self._get(request.checkpoint)
+        texts, questions_json = list(request.states_json), request.questions_json
+        self.trim.add(sum(map(len, texts)) + len(questions_json))
         try:
-            states = [json.loads(s) for s in request.states_json]
-            questions_obj = json.loads(request.questions_json) if request.questions_json else None
+            states = [json.loads(s) for s in texts]
+            questions_obj = json.loads(questions_json) if questions_json else None
         except ValueError as e:
             raise LayaError(Kind.BAD_REQUEST, "states_json/questions_json must be JSON: %s" % e) from None
         if questions_obj is not None and len(request.questions):
@@ -154,6 +162,7 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
     await stop.wait()
     servicer.serving = False
     await draining.drain(srv, hs, [SERVICE_NAME], drain_grace_s, lambda: servicer.inflight, "tokenizer")
+    servicer.trim.close()
     if calls:   # IPC calls in flight were counted in inflight, so none is cut off here
         await calls.close()
     pool.shutdown(wait=False)
