@@ -27,7 +27,7 @@ def test_bench_smoke(tmp_path):
     kinds = {(x["target"], x["kind"]) for x in recs}
     for want in [("suite", "environment"), ("engine", "latency"), ("engine", "parity"), ("upstream", "latency"),
                  ("upstream", "ab"), ("grpc", "latency"), ("http", "latency"), ("http", "concurrency"),
-                 ("service", "startup"), ("engine", "idle_gap"), ("service", "hops")]:
+                 ("service", "startup"), ("engine", "idle_gap"), ("service", "hops"), ("service", "ab")]:
         assert want in kinds, want
     hops = next(x for x in recs if x["kind"] == "hops" and x["input"] == "short")
     assert hops["transport"] == "ipc" and hops["model"]["n"] > 0 and hops["tokenize_server"]["p50_ms"] > 0

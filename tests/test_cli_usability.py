@@ -97,4 +97,4 @@ def test_bench_out_defaults_under_the_current_directory(tmp_path):
     p = argparse.ArgumentParser()
     add_arguments(p)
     out = p.parse_args([]).out
-    assert not os.path.isabs(out) and out == os.path.join("benchmarks", "results")
+    assert not os.path.isabs(out) and out == os.path.join("benchmarks", "results", "latest")

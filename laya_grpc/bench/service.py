@@ -19,7 +19,7 @@ import numpy as np
 
 from . import hops
 from .inputs import Case, named_cases, random_cases
-from .stats import summary_ms
+from .stats import paired_ratio, summary_ms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READY_LINE = "laya-grpc: ready"
@@ -194,6 +194,58 @@ def load(kind: str, addr: str, cases: list, model: str, clients: int, duration: 
             "decisions_per_s": ok * rows / duration, "wall_s": wall, **summary_ms(lat)}
 
 
+def _paired_proc(http_url, grpc_addr, case, model, n, q):
+    """gRPC `Decide` (the Python client's typed path) and HTTP, one request each in turn from one
+    process and loop over kept-open connections, the first of each pair alternating: the two fronts
+    see the same host state, which separate runs one after the other (gRPC first) do not give."""
+    from laya_grpc.client import AsyncLayaClient
+
+    async def main():
+        g_lat, h_lat, codes = [], [], {}
+        host, _, port = http_url.replace("http://", "").rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        payload = json.dumps(body(case, model)).encode()
+        req = (b"POST /v1/systemone HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % (host.encode(), len(payload))) + payload
+
+        async def http_one():
+            t = time.perf_counter()
+            writer.write(req)
+            status, length = _status_and_length(await reader.readuntil(b"\r\n\r\n"))
+            await reader.readexactly(length)
+            h_lat.append(time.perf_counter() - t)
+            codes[status] = codes.get(status, 0) + 1
+
+        async with AsyncLayaClient(grpc_addr) as cl:
+            async def grpc_one():
+                t = time.perf_counter()
+                await cl.decide(case.state, case.questions, model=model)
+                g_lat.append(time.perf_counter() - t)
+                codes["OK"] = codes.get("OK", 0) + 1
+            try:
+                for i in range(n):
+                    for one in ((grpc_one, http_one) if i % 2 == 0 else (http_one, grpc_one)):
+                        await one()
+            finally:
+                writer.close()
+        return g_lat, h_lat, codes
+    q.put(asyncio.run(main()))
+
+
+def grpc_against_http(http_url: str, grpc_addr: str, case: Case, model: str, n: int, warm: int = 5) -> dict:
+    q = mp.get_context("spawn").Queue()
+    p = mp.get_context("spawn").Process(target=_paired_proc, args=(http_url, grpc_addr, case, model, n + warm, q))
+    p.start()
+    g, h, codes = q.get()
+    p.join()
+    g, h = g[warm:], h[warm:]
+    return {"a": "grpc Decide", "b": "http", **paired_ratio(g, h), "a_p50_ms": summary_ms(g)["p50_ms"],
+            "b_p50_ms": summary_ms(h)["p50_ms"], "codes": codes}
+
+
 def sequential(kind: str, addr: str, case: Case, model: str, n: int) -> list:
     q = mp.get_context("spawn").Queue()
     p = mp.get_context("spawn").Process(target=_client_proc, args=(kind, addr, [case], model, 1, 0, n, q))
@@ -288,6 +340,8 @@ def run_service(a, rec, ckpt: str, model: str, transport: str = "ipc") -> None:
             for conc in a.concurrency:
                 r = load(kind, addr, [cases[0]], model, conc, a.duration, procs=min(conc, a.client_procs))
                 rec(kind, "concurrency", input="short", **r)
+        for c in cases:
+            rec("service", "ab", input=c.name, **grpc_against_http(s.http, s.grpc, c, model, a.iters))
         for c in cases:
             rec("service", "hops", input=c.name, **hops.hop_breakdown(s.run_dir, transport, c.state, c.questions,
                                                                        model, a.iters))
