@@ -73,6 +73,17 @@ def small_grpc(stub) -> float:
     return time.perf_counter() - t0
 
 
+def small_while(t: threading.Thread, stack, client, stub) -> tuple:
+    """Small requests, HTTP then gRPC, every 0.2 s while `t` runs; (HTTP, gRPC) latencies."""
+    during_http, during_grpc = [], []
+    while t.is_alive():
+        during_http.append(small_http(stack, client))
+        during_grpc.append(small_grpc(stub))
+        time.sleep(0.2)
+    t.join()
+    return during_http, during_grpc
+
+
 def fuzz_http(stack, client, n: int) -> dict:
     seen = {"cases": 0, "5xx": 0, "codes": {}}
 
@@ -132,12 +143,7 @@ def head_of_line(stack, client, stub) -> dict:
     t = threading.Thread(target=big)
     t.start()
     time.sleep(0.05)   # from the start: tokenizing the large request is covered too
-    during_http, during_grpc = [], []
-    while t.is_alive():
-        during_http.append(small_http(stack, client))
-        during_grpc.append(small_grpc(stub))
-        time.sleep(0.2)
-    t.join()
+    during_http, during_grpc = small_while(t, stack, client, stub)
     out.update(large_s=round(done["s"], 2), large_status=done["status"],
                small_during_http_max_s=round(max(during_http), 3), small_during_grpc_max_s=round(max(during_grpc), 3),
                small_during_samples=len(during_http))
@@ -168,12 +174,7 @@ def head_of_line_maximal(stack, client, stub, run_s: float = 20.0) -> dict:
     t = threading.Thread(target=_abandon_http, args=(stack, body, run_s))
     t.start()
     time.sleep(0.05)
-    during_http, during_grpc = [], []
-    while t.is_alive():
-        during_http.append(small_http(stack, client))
-        during_grpc.append(small_grpc(stub))
-        time.sleep(0.2)
-    t.join()
+    during_http, during_grpc = small_while(t, stack, client, stub)
     after = small_http(stack, client)
     out.update(small_during_http_max_s=round(max(during_http), 3), small_during_grpc_max_s=round(max(during_grpc), 3),
                small_during_samples=len(during_http), small_right_after_abandon_s=round(after, 3))

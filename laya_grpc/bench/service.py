@@ -105,13 +105,8 @@ async def _http_worker(url, payloads, deadline, n_req, lat, codes):
     """One keep-alive HTTP/1.1 connection over bare asyncio streams. A client library (httpx cost
     ~2 ms a request on the H200 host, measured in an earlier H200 run: 7.9 ms against 5.7 ms over a
     bare socket) would be measured along with the server and cap the load it can offer."""
-    host, _, port = url.replace("http://", "").rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    reqs = [(b"POST /v1/systemone HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-             b"Content-Length: %d\r\n\r\n" % (host.encode(), len(p))) + p for p in payloads]
+    reader, writer, host = await _open_http(url)
+    reqs = [_decide_request(host, p) for p in payloads]
     try:
         i = 0
         while (n_req and i < n_req) or (not n_req and time.perf_counter() < deadline):
@@ -125,6 +120,21 @@ async def _http_worker(url, payloads, deadline, n_req, lat, codes):
             i += 1
     finally:
         writer.close()
+
+
+async def _open_http(url: str) -> tuple:
+    """(reader, writer, host) of a new TCP_NODELAY connection to `url`."""
+    host, _, port = url.replace("http://", "").rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return reader, writer, host
+
+
+def _decide_request(host: str, payload: bytes) -> bytes:
+    return (b"POST /v1/systemone HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (host.encode(), len(payload))) + payload
 
 
 def _status_and_length(head: bytes) -> tuple:
@@ -202,14 +212,8 @@ def _paired_proc(http_url, grpc_addr, case, model, n, q):
 
     async def main():
         g_lat, h_lat, codes = [], [], {}
-        host, _, port = http_url.replace("http://", "").rpartition(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        payload = json.dumps(body(case, model)).encode()
-        req = (b"POST /v1/systemone HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n" % (host.encode(), len(payload))) + payload
+        reader, writer, host = await _open_http(http_url)
+        req = _decide_request(host, json.dumps(body(case, model)).encode())
 
         async def http_one():
             t = time.perf_counter()

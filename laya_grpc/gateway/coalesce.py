@@ -33,7 +33,7 @@ from typing import Awaitable, Callable
 import numpy as np
 
 from laya_grpc.core import metrics, request_id, tracing
-from laya_grpc.core.turns import TURN_MS
+from laya_grpc.core.turns import TURN_MS, DeviceSpeed
 from laya_grpc.core.packed_rows import PackedRows
 from laya_proto.v1 import inference_pb2
 
@@ -52,7 +52,6 @@ DEFAULT_CHUNK_MS = TURN_MS
 FIRST_CHUNK_TOKENS = 2048      # before any speed is known: ~50 ms on the 2-core CI box (tiny checkpoints)
 MIN_CHUNK_TOKENS = 256
 MAX_CHUNK_TOKENS = 65536
-_EWMA = 0.3
 
 
 @dataclass
@@ -104,14 +103,14 @@ class InferCoalescer:
         self._call, self.max_inflight, self.max_rows = call, max_inflight, max_rows
         self.chunk_ms, self.first_chunk_tokens, self._join = chunk_ms, first_chunk_tokens, join
         self._lanes: dict[str, _Lane] = {}
-        self._ms_per_token: dict[str, float] = {}   # checkpoint -> measured forward ms per token
+        self._speed = DeviceSpeed()   # forward ms per token, per checkpoint
 
     def chunk_tokens(self, checkpoint: str) -> int:
         """Tokens one chunk may hold: about `chunk_ms` of forward at the measured speed."""
-        per = self._ms_per_token.get(checkpoint)
-        if per is None:
+        tokens = self._speed.units_in(checkpoint, self.chunk_ms)
+        if tokens is None:
             return self.first_chunk_tokens
-        return int(min(MAX_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, self.chunk_ms / per)))
+        return int(min(MAX_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, tokens)))
 
     def _learn(self, checkpoint: str, resp, chunk: PackedRows) -> None:
         """The forward that ran `chunk` ran `batch_rows` rows in `model_ms`; its tokens are
@@ -119,10 +118,7 @@ class InferCoalescer:
         model_ms, batch_rows = getattr(resp, "model_ms", 0.0), getattr(resp, "batch_rows", 0)
         if model_ms <= 0 or batch_rows <= 0 or chunk.n == 0:
             return
-        tokens = float(chunk.lengths.sum()) * max(1.0, batch_rows / chunk.n)
-        per = model_ms / tokens
-        old = self._ms_per_token.get(checkpoint)
-        self._ms_per_token[checkpoint] = per if old is None else old + _EWMA * (per - old)
+        self._speed.observe(checkpoint, model_ms, float(chunk.lengths.sum()) * max(1.0, batch_rows / chunk.n))
 
     async def submit(self, checkpoint: str, rows: PackedRows):
         """(response, merged rows, index of this request's first row in them)."""

@@ -33,7 +33,7 @@ import numpy as np
 from laya_grpc.core import metrics
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.turns import TURN_MS
+from laya_grpc.core.turns import TURN_MS, DeviceSpeed
 
 log = logging.getLogger("laya_grpc.inference.batcher")
 
@@ -65,9 +65,6 @@ class _Call:
     future: asyncio.Future
 
 
-_EWMA = 0.3
-
-
 class _AllCancelled(Exception):
     """Every request of a batch went away between two of its forwards."""
 
@@ -86,7 +83,7 @@ class Batcher:
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="laya-device", daemon=True)
-        self._ms_per_cost: dict[str, float] = {}   # checkpoint -> ms per cost token, from long forwards
+        self._speed = DeviceSpeed()   # ms per cost token, per checkpoint, from long forwards only
 
     def start(self) -> None:
         self._thread.start()
@@ -145,15 +142,12 @@ class Batcher:
     def turn_cost(self, checkpoint: str) -> int | None:
         """The cost (tokens as the runner runs them) of about one turn's forward, once long
         forwards of this checkpoint showed its speed; None before."""
-        per = self._ms_per_cost.get(checkpoint)
-        return None if per is None else max(1, int(TURN_MS / per))
+        cost = self._speed.units_in(checkpoint, TURN_MS)
+        return None if cost is None else max(1, int(cost))
 
     def _learn(self, checkpoint: str, cost: int, model_ms: float) -> None:
-        if model_ms < TURN_MS / 2 or cost <= 0:
-            return
-        per = model_ms / cost
-        old = self._ms_per_cost.get(checkpoint)
-        self._ms_per_cost[checkpoint] = per if old is None else old + _EWMA * (per - old)
+        if model_ms >= TURN_MS / 2 and cost > 0:
+            self._speed.observe(checkpoint, model_ms, cost)
 
     def _take(self):
         """The next unit of work: [_Call], a list of _Job for one forward, or [] to stop."""
@@ -209,10 +203,6 @@ class Batcher:
                 continue
             self._run_batch(jobs)
 
-    @staticmethod
-    def _all_cancelled(jobs: list) -> bool:
-        return all(j.future.cancelled() for j in jobs)
-
     def _run_call(self, job: _Call) -> None:
         try:
             out = job.fn()
@@ -236,7 +226,7 @@ class Batcher:
         for a in range(0, rows.n, per):
             if a and self._stop:
                 raise LayaError(Kind.BUSY, "inference service is shutting down")
-            if a and jobs and self._all_cancelled(jobs):
+            if a and jobs and all(j.future.cancelled() for j in jobs):
                 raise _AllCancelled()
             idx = range(a, min(a + per, rows.n))
             part = rows if per >= rows.n else rows.take(idx)
