@@ -1,5 +1,9 @@
 """Where the CUDA forward's time goes, and where start-up time goes: two studies for one GPU call.
 
+gemms: each encoder GEMM shape of the checkpoint alone (cuBLAS through torch.mm), at the token
+  counts of one short row, 64 and 256 short rows: microseconds and TFLOP/s with a 16-bit and with
+  a float32 result (the served Wo GEMMs). Says how far the forward's GEMMs are from what cuBLAS
+  gives these shapes.
 kernels: the fused encoder's forward run eagerly under torch.profiler (CUDA kernel times are the
   same as inside the graph; only the launch gaps differ), summed per kernel name per forward,
   next to the CUDA-graph replay time of the same bucket. Says which kernels to attack next.
@@ -31,7 +35,7 @@ import numpy as np
 
 from benchmarks.model_speed import Out, ensure_large, replay_ms, rows
 
-SHAPES = ((1, 132, 3), (1, 512, 5), (6, 132, 4), (64, 132, 3))
+SHAPES = ((1, 132, 3), (1, 512, 5), (6, 132, 4), (64, 132, 3), (256, 132, 3))
 TIMING_LINE = re.compile(r"initialised in|loaded .* in|captured \d+ CUDA graphs|ready on|laya-grpc: ready")
 
 
@@ -138,11 +142,43 @@ def hops_study(a, rec, cache: str | None) -> list:
     return out
 
 
+GEMM_TOKENS = (160, 9216, 36864)   # one short row's bucket; 64 and 256 short rows packed
+
+
+def gemm_study(a, rec) -> list:
+    import torch
+    from laya_grpc.core.netspec import read_net_spec
+    spec = read_net_spec(a.ckpt)
+    d, inter = spec.hidden_size, spec.intermediate_size
+    shapes = (("Wqkv", 3 * d, d), ("attn.Wo", d, d), ("mlp.Wi", 2 * inter, d), ("mlp.Wo", d, inter))
+    out = []
+    for m in GEMM_TOKENS:
+        for name, n, k in shapes:
+            x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
+            for res in ("float16", "float32"):
+                fn = (lambda: torch.mm(x, w.t())) if res == "float16" else \
+                    (lambda: torch.mm(x, w.t(), out_dtype=torch.float32))
+                for _ in range(5):
+                    fn()
+                iters = 200 if m < 10000 else 40
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                for _ in range(iters):
+                    fn()
+                e.record()
+                torch.cuda.synchronize()
+                us = s.elapsed_time(e) / iters * 1e3
+                out.append(rec("gemm", gemm=name, m=m, n=n, k=k, result=res, us=round(us, 2),
+                               tflops=round(2.0 * m * n * k / us / 1e6, 1)))
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_profile")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--studies", default="kernels,startup", help="comma list of startup, hops, kernels")
+    p.add_argument("--studies", default="kernels,startup", help="comma list of startup, hops, kernels, gemms")
     p.add_argument("--hops-n", type=int, default=300, help="sequential requests per hop in the hops study")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -165,6 +201,15 @@ def main(argv=None) -> int:
             kernels = kernel_study(a, rec)
         except Exception as e:  # noqa: BLE001
             rec("error", study="kernels", error=repr(e)[:2000])
+    gemms = []
+    if "gemms" in studies:
+        try:
+            gemms = gemm_study(a, rec)
+        except Exception as e:  # noqa: BLE001
+            rec("error", study="gemms", error=repr(e)[:2000])
+    for r in gemms:
+        print("gemm %-8s M=%-6d N=%-5d K=%-5d %s out: %8.1f us %6.1f TFLOP/s"
+              % (r["gemm"], r["m"], r["n"], r["k"], r["result"], r["us"], r["tflops"]))
     for r in kernels:
         print("\n%dx%d (bucket %s): graph replay %.3f ms, kernels %.3f ms, %d launches"
               % (r["rows"], r["tokens"], r["bucket"], r["replay_ms"], r["kernel_sum_ms"], r["launches_per_forward"]))

@@ -8,7 +8,7 @@ service's own model_ms/queue_ms. Point it at a `laya-grpc serve --run-dir DIR` s
         [--checkpoint english] [-n 500] [--inproc /path/to/checkpoint]
 
 `--empty` instead measures one local hop's bare price: an empty call to a process that answers at
-once, over a gRPC stream (what the gateway used) and over ZeroMQ IPC (`laya_grpc/core/ipc.py`),
+once, over a gRPC stream (what the gateway used) and over IPC unix sockets (`laya_grpc/core/ipc.py`),
 sequential p50/p95 and calls/s with 64 callers (no stack needed). `--transport grpc|ipc` adds
 the two hops as the gateway makes them (`laya_grpc.bench.hops.hop_breakdown`) over that transport
 to the table: start the stack with the same `serve --local-transport`.

@@ -1,4 +1,4 @@
-"""Tokenize and Infer calls over ZeroMQ unix sockets (laya_grpc/core/ipc.py).
+"""Tokenize and Infer calls over IPC unix sockets (laya_grpc/core/ipc.py).
 
 Against the real tokenizer and inference processes of a `serve` stack (which gives its children
 IPC sockets): a call over IPC answers exactly what the gRPC unary call answers, errors keep their
@@ -213,3 +213,107 @@ def test_a_call_given_up_is_cancelled_on_the_server(tmp_path):
             await server.close()
     asyncio.run(main())
     assert running == ["timeout", "cancel"], running
+
+
+def _echo_server(endpoint, started, stopped):
+    from laya_proto.v1 import tokens_pb2
+
+    async def handle(request):
+        started.append(request.checkpoint)
+        if request.checkpoint.startswith("slow"):
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                stopped.append(request.checkpoint)
+                raise
+        return inference_pb2.InferResponse(device=request.checkpoint)
+
+    return ipc.IpcServer(endpoint, handle, inference_pb2.InferCall, inference_pb2.InferReply, tokens_pb2.CallError,
+                         "Infer")
+
+
+def test_a_caller_that_goes_away_has_its_calls_cancelled_and_others_keep_theirs(tmp_path):
+    """A gateway that exits (its connection closes) leaves no work behind on the service: its calls
+    are cancelled there, while another caller's call on its own connection still gets its answer."""
+    started, stopped = [], []
+
+    async def main():
+        endpoint = "ipc://" + str(tmp_path / "calls.ipc")
+        server = _echo_server(endpoint, started, stopped).start()
+        gone = ipc.IpcMux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        stays = ipc.IpcMux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        try:
+            lost = [asyncio.ensure_future(gone.call(inference_pb2.InferRequest(checkpoint="slow-%d" % i), 30))
+                    for i in range(3)]
+            assert (await stays.call(inference_pb2.InferRequest(checkpoint="quick"), 5)).device == "quick"
+            while len(started) < 4:
+                await asyncio.sleep(0.01)
+            await gone.close()          # the caller's connection closes with its calls in flight
+            for t in lost:
+                with pytest.raises(LayaError) as err:
+                    await t
+                assert err.value.kind is Kind.BUSY
+            t0 = time.monotonic()
+            while len(stopped) < 3 and time.monotonic() - t0 < 5:
+                await asyncio.sleep(0.01)
+            assert sorted(stopped) == ["slow-0", "slow-1", "slow-2"]
+            assert (await stays.call(inference_pb2.InferRequest(checkpoint="again"), 5)).device == "again"
+        finally:
+            await stays.close()
+            await server.close()
+    asyncio.run(main())
+
+
+def test_a_frame_over_the_message_limit_closes_only_that_connection(tmp_path):
+    """A local peer that announces a frame longer than the internal message limit is cut off before
+    anything is buffered for it; the service keeps answering its other callers."""
+    import socket
+    import struct
+    from laya_grpc.core.rpc import MAX_MESSAGE_BYTES
+    started, stopped = [], []
+
+    async def main():
+        endpoint = "ipc://" + str(tmp_path / "calls.ipc")
+        server = _echo_server(endpoint, started, stopped).start()
+        mux = ipc.IpcMux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        try:
+            assert (await mux.call(inference_pb2.InferRequest(checkpoint="before"), 5)).device == "before"
+            loop = asyncio.get_running_loop()
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.setblocking(False)
+            await loop.sock_connect(raw, str(tmp_path / "calls.ipc"))
+            await loop.sock_sendall(raw, struct.pack("<I", MAX_MESSAGE_BYTES + 1) + b"\0" * 1024)
+            closed = await asyncio.wait_for(loop.sock_recv(raw, 16), 5)
+            assert closed == b""        # the service closed this connection
+            raw.close()
+            assert (await mux.call(inference_pb2.InferRequest(checkpoint="after"), 5)).device == "after"
+        finally:
+            await mux.close()
+            await server.close()
+    asyncio.run(main())
+
+
+def test_a_stale_socket_file_is_replaced_and_a_live_one_refused(tmp_path):
+    """A socket file left by a killed process does not stop a restarted service from listening;
+    a path another live service listens on is refused with a clear error, not taken over."""
+    import socket
+    path = tmp_path / "calls.ipc"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()                       # the file stays, nobody listens
+    assert path.exists()
+
+    async def main():
+        endpoint = "ipc://" + str(path)
+        server = _echo_server(endpoint, [], []).start()
+        mux = ipc.IpcMux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        try:
+            assert (await mux.call(inference_pb2.InferRequest(checkpoint="x"), 5)).device == "x"
+            with pytest.raises(LayaError) as err:
+                _echo_server(endpoint, [], [])
+            assert err.value.kind is Kind.INVALID and "cannot listen" in err.value.detail
+            assert (await mux.call(inference_pb2.InferRequest(checkpoint="y"), 5)).device == "y"
+        finally:
+            await mux.close()
+            await server.close()
+    asyncio.run(main())

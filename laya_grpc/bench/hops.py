@@ -2,7 +2,7 @@
 
 Two measurements, both against real processes:
 - `empty_round_trips`: one call carrying an empty TokenizeRequest to a process that answers at
-  once, over a gRPC stream (StreamMux, what the gateway used) and over ZeroMQ IPC (IpcMux):
+  once, over a gRPC stream (StreamMux, what the gateway used) and over IPC unix sockets (IpcMux):
   the bare price of one local hop, sequential and with many callers.
 - `hop_breakdown`: the two internal calls of a request made from outside against the children
   of a running `serve` over the transport it uses: the tokenizer hop (its server-side encode

@@ -45,9 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="one Prometheus endpoint for every process of this serve (each family exported by the "
                    "service it describes, summed across gateway and tokenizer workers; off by default)")
     flags.add(p, "--local-transport", env="LAYA_LOCAL_TRANSPORT", default="ipc", choices=["ipc", "grpc"],
-              help="how the gateway sends Tokenize and Infer calls to the children: 'ipc' = ZeroMQ unix sockets "
-                   "(less per-request overhead), 'grpc' = gRPC streams over unix sockets (for platforms without "
-                   "ZeroMQ ipc, and to compare); health and status always use gRPC")
+              help="how the gateway sends Tokenize and Infer calls to the children: 'ipc' = length-framed "
+                   "contract messages on unix sockets (one thread wake-up a message, the least per-request "
+                   "overhead), 'grpc' = gRPC streams over unix sockets (to compare); health and status always "
+                   "use gRPC")
     draining.add_flag(p)
     add_observability_flags(p)
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
@@ -103,7 +104,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
 
 
 def local_ipc(args: argparse.Namespace, run_dir: str, name: str) -> tuple:
-    """(the child's extra flags, the gateway's address for it) when calls go over ZeroMQ IPC; the
+    """(the child's extra flags, the gateway's address for it) when calls go over IPC (core/ipc.py); the
     child keeps its gRPC socket NAME.sock for health and status."""
     if args.local_transport != "ipc":
         return [], None

@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "replicas that report SERVING and a call that fails UNAVAILABLE is retried once on another")
     flags.add(p, "--tokenizer", env="LAYA_TOKENIZER_ADDRESSES", append=True, default=["127.0.0.1:50053"],
               help="tokenizer service address" + replicas + ". ipc:///PATH?grpc=ADDRESS sends Tokenize calls over "
-                   "ZeroMQ on that unix socket (same host) and keeps health on the gRPC ADDRESS")
+                   "that unix socket (same host, core/ipc.py) and keeps health on the gRPC ADDRESS")
     flags.add(p, "--inference", env="LAYA_INFERENCE_ADDRESS", default="127.0.0.1:50052",
               help="inference service address" + replicas + "; every replica must serve the same checkpoint set "
                    "(ipc:///PATH?grpc=ADDRESS as for --tokenizer)")

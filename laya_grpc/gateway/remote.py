@@ -5,7 +5,7 @@ Tokenize and Infer go over one multiplexed stream to a backend given as one endp
 several replicas (a list or a dns:/// name) gets unary calls on its balanced channel instead
 (balancing.py): a stream is pinned to one replica, a unary call is balanced, health-checked and
 retried on another replica by gRPC. A backend given as `ipc://` endpoints (serve's own
-children, same host) gets its calls as ZeroMQ messages instead (core/ipc.py, `IpcReplicas`), and
+children, same host) gets its calls as framed messages on unix sockets instead (core/ipc.py, `IpcReplicas`), and
 is watched over the gRPC address each endpoint names. Infer calls of concurrent requests are merged first
 (coalesce.py). Every call asks for at most the time left to its request (deadline.py). What the gateway observes of the backends
 (health, status, readiness) is `BackendWatch` (backends.py); the /health payload is health.py.
@@ -101,7 +101,7 @@ def _watched(target: BackendTarget, links: list, flag: str) -> BackendTarget:
 
 
 class IpcReplicas:
-    """Calls over ZeroMQ IPC to one or more replicas of a backend: they take turns among those
+    """Calls over IPC (unix sockets) to one or more replicas of a backend: they take turns among those
     whose health reports SERVING (all of them when none does, so the error names the cause), and a
     call refused as unavailable or busy is tried once more on another serving replica, as the gRPC
     balanced channel does (balancing.py)."""
