@@ -1,0 +1,110 @@
+"""Two running stacks, one request each in turn: which is faster, and where, under the same host state.
+
+Stacks measured one after the other see different host states (another machine start, a warmer
+cache, a busier neighbour); a paired run alternates one short HTTP request to each (`x-laya-timing`
+on), first A then B, then B then A, so both see the same conditions, and reports each stack's
+p50/p95, the median per-pair time ratio A/B with a bootstrap 95% interval, and each stage of the
+gateway's timing header per stack. `--load` then runs 64 closed-loop HTTP clients against each
+stack alone (the other idle), twice, alternating.
+
+    python -m benchmarks.paired_stacks 127.0.0.1:18301 127.0.0.1:18300 [-n 1000] [--load 8]
+
+Used to compare two builds of the serving path (start one from a copy of the tree at the other
+commit, on other ports); prints one JSON line per result.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import socket
+import time
+
+import numpy as np
+
+BODY = json.dumps({"model": "english", "state": "My phone arrived broken and I want my money back today.",
+                   "questions": {"angry": {"type": "noul", "instructions": "Is the customer angry?"}}}).encode()
+
+
+class Conn:
+    """One keep-alive connection, minimal client cost; returns (ms, timing stages)."""
+
+    def __init__(self, addr: str):
+        host, _, port = addr.rpartition(":")
+        self.s = socket.create_connection((host, int(port)))
+        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.req = (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"x-laya-timing: 1\r\nContent-Length: %d\r\n\r\n" % len(BODY)) + BODY
+
+    def post(self) -> tuple:
+        t0 = time.perf_counter()
+        self.s.sendall(self.req)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += self.s.recv(65536)
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        hs = {ln.split(b":", 1)[0].lower(): ln.split(b":", 1)[1].strip() for ln in head.split(b"\r\n")[1:]}
+        while len(rest) < int(hs[b"content-length"]):
+            rest += self.s.recv(65536)
+        ms = (time.perf_counter() - t0) * 1e3
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError("request failed: %r" % head[:80])
+        stages = {}
+        for kv in hs.get(b"x-laya-timing", b"").decode().split(";"):
+            k, _, v = kv.partition("=")
+            if k:
+                stages[k] = float(v)
+        return ms, stages
+
+
+def paired(a: str, b: str, n: int, warm: int = 50) -> dict:
+    ca, cb = Conn(a), Conn(b)
+    for _ in range(warm):
+        ca.post()
+        cb.post()
+    t = {"a": [], "b": []}
+    st = {"a": collections.defaultdict(list), "b": collections.defaultdict(list)}
+    for i in range(n):
+        for key, c in ((("a", ca), ("b", cb)) if i % 2 == 0 else (("b", cb), ("a", ca))):
+            ms, stages = c.post()
+            t[key].append(ms)
+            for k, v in stages.items():
+                st[key][k].append(v)
+    ta, tb = np.array(t["a"]), np.array(t["b"])
+    r = ta / tb
+    boot = [np.median(r[np.random.randint(0, n, n)]) for _ in range(2000)]
+    return {"kind": "pair", "a": a, "b": b, "pairs": n,
+            "a_p50": float(np.percentile(ta, 50)), "a_p95": float(np.percentile(ta, 95)),
+            "b_p50": float(np.percentile(tb, 50)), "b_p95": float(np.percentile(tb, 95)),
+            "ratio_median": float(np.median(r)), "ci": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+            "a_stages": {k: float(np.median(v)) for k, v in st["a"].items()},
+            "b_stages": {k: float(np.median(v)) for k, v in st["b"].items()}}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.paired_stacks", description=__doc__.splitlines()[0])
+    p.add_argument("a", help="HOST:PORT of stack A's HTTP")
+    p.add_argument("b", help="HOST:PORT of stack B's HTTP")
+    p.add_argument("-n", type=int, default=1000, help="request pairs")
+    p.add_argument("--load", type=float, default=0.0, help="seconds of 64-client load per stack and round (0: none)")
+    a = p.parse_args(argv)
+    res = paired(a.a, a.b, a.n)
+    print("A p50 %.3f p95 %.3f | B p50 %.3f p95 %.3f | median A/B %.3f (95%% CI %.3f-%.3f), pairs %d" % (
+        res["a_p50"], res["a_p95"], res["b_p50"], res["b_p95"], res["ratio_median"], *res["ci"], a.n))
+    for k in res["a_stages"]:
+        print("  %-18s A %.3f  B %.3f" % (k, res["a_stages"][k], res["b_stages"].get(k, float("nan"))))
+    print(json.dumps(res), flush=True)
+    if a.load:
+        from laya_grpc.bench.inputs import named_cases
+        from laya_grpc.bench.service import load
+        case = named_cases()[0]
+        for rnd in range(2):
+            for name, addr in (("a", a.a), ("b", a.b)):
+                r = load("http", addr, [case], "english", 64, a.load, procs=8)
+                print(json.dumps({"kind": "load64", "round": rnd, "stack": name,
+                                  **{k: r[k] for k in ("req_per_s", "p50_ms", "p95_ms", "codes") if k in r}}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
