@@ -16,7 +16,17 @@ behind them and the rows of a client that went away (a running forward cannot be
 have to sit out. Short forwards teach nothing: a GPU at ordinary load never reaches the cap, and
 its speed per token at small batches would underrate large ones. A batch that the token budget
 splits into several forwards stops between them once every request in it is cancelled.
-All framework work stays on this thread (MLX requires it; torch releases the GIL in kernels).
+All framework work stays on this thread (MLX requires it; torch releases the GIL in kernels),
+with one exception: the inline turn.
+
+Inline turn: a short batch that finds the device idle runs on the event loop's own thread, in
+the loop turn after the request's call (so every call that arrived in the same read still joins
+it), when its runner says its forwards may (`forwards_inline`: captured CUDA graphs, a few
+milliseconds a short batch) and its cost is at most INLINE_MAX_COST tokens. Why: the hand-off to
+the device thread and back are two thread wake-ups, each also waiting for the GIL; on the H200
+host they took ~0.12 and ~0.18 ms of a ~4 ms request. The loop is blocked for that forward, as
+the device would be anyway; larger batches, loads and anything queued while the device thread
+works stay on the device thread, and the two never run at once.
 """
 from __future__ import annotations
 
@@ -36,6 +46,9 @@ from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.turns import TURN_MS, DeviceSpeed
 
 log = logging.getLogger("laya_grpc.inference.batcher")
+# the largest batch (in runner cost tokens) an inline turn runs: a few short requests; on an H200 a
+# forward of this size takes ~1.3-2.5 ms, which the event loop then waits out
+INLINE_MAX_COST = 1024
 
 
 @dataclass
@@ -82,6 +95,8 @@ class Batcher:
         self._queue: collections.deque = collections.deque()   # _Job | _Call
         self._cv = threading.Condition()
         self._stop = False
+        self._device_busy = False   # the device thread is running a unit of work
+        self._inline = False        # an inline turn is scheduled or running (the device thread waits)
         self._thread = threading.Thread(target=self._loop, name="laya-device", daemon=True)
         self._speed = DeviceSpeed()   # ms per cost token, per checkpoint, from long forwards only
 
@@ -123,7 +138,11 @@ class Batcher:
             if self._stop:
                 raise LayaError(Kind.BUSY, "inference service is shutting down")
             self._queue.append(job)
-            self._cv.notify()
+            if not self._inline and not self._device_busy and len(self._queue) == 1 and self._may_inline(job):
+                self._inline = True
+                loop.call_soon(self._inline_turn)
+            elif not self._inline:
+                self._cv.notify()
         try:
             return await job.future
         except asyncio.CancelledError:
@@ -149,59 +168,93 @@ class Batcher:
         if model_ms >= TURN_MS / 2 and cost > 0:
             self._speed.observe(checkpoint, model_ms, cost)
 
+    def _may_inline(self, job: _Job) -> bool:
+        try:
+            runner = self._get_runner(job.checkpoint)
+        except LayaError:
+            return False
+        if not getattr(runner, "forwards_inline", False):
+            return False
+        return self._cost(job.checkpoint)(job.rows.n, int(job.rows.lengths.max()), len(job.rows.ids)) <= INLINE_MAX_COST
+
+    def _inline_turn(self) -> None:
+        """On the event loop's thread: the queued short jobs as one forward, if the device thread
+        is still idle and they fit INLINE_MAX_COST; whatever is left goes to the device thread."""
+        jobs = []
+        try:
+            with self._cv:
+                if self._queue and not self._device_busy and not self._stop and isinstance(self._queue[0], _Job):
+                    jobs = [j for j in self._merge(self._queue.popleft(), INLINE_MAX_COST) if not j.future.cancelled()]
+            if jobs:
+                self._run_batch(jobs)
+        finally:
+            with self._cv:
+                self._inline = False
+                if self._queue:
+                    self._cv.notify()
+
     def _take(self):
         """The next unit of work: [_Call], a list of _Job for one forward, or [] to stop."""
         with self._cv:
-            while not self._queue and not self._stop:
+            while (not self._queue or self._inline) and not self._stop:
                 self._cv.wait()
             if self._stop:
                 return []
+            self._device_busy = True
             first = self._queue.popleft()
             if isinstance(first, _Call):
                 return [first]
             if self.max_wait_s > 0 and len(self._queue) == 0:
                 self._cv.wait(timeout=self.max_wait_s)
-            cost = self._cost(first.checkpoint)
-            jobs, rows = [first], first.rows.n
-            longest, total = int(first.rows.lengths.max()), len(first.rows.ids)
-            budget, turn = self.max_batch_tokens, self.turn_cost(first.checkpoint)
-            if turn is not None:   # about one turn; a quarter turn more lets small rows ride along
-                budget = min(budget, max(turn, cost(rows, longest, total)) + turn // 4)
-            keep = collections.deque()
-            while self._queue:
-                j = self._queue.popleft()
-                if isinstance(j, _Call) or j.checkpoint != first.checkpoint:
-                    keep.append(j)
-                    continue
-                if j.future.cancelled():
-                    continue
-                cand_longest = max(longest, int(j.rows.lengths.max()))
-                if (rows + j.rows.n > self.max_batch_rows
-                        or cost(rows + j.rows.n, cand_longest, total + len(j.rows.ids)) > budget):
-                    keep.append(j)
-                    keep.extend(self._queue)
-                    self._queue.clear()
-                    break
-                jobs.append(j)
-                rows += j.rows.n
-                longest, total = cand_longest, total + len(j.rows.ids)
-            keep.extend(self._queue)
-            self._queue.clear()
-            self._queue.extend(keep)
-            return jobs
+            return self._merge(first, self.max_batch_tokens)
+
+    def _merge(self, first: _Job, max_cost: int) -> list:
+        """`first` and the queued jobs of its checkpoint that fit one forward of at most `max_cost`
+        (and the turn), in queue order; the others stay queued. Under the lock."""
+        cost = self._cost(first.checkpoint)
+        jobs, rows = [first], first.rows.n
+        longest, total = int(first.rows.lengths.max()), len(first.rows.ids)
+        budget, turn = max_cost, self.turn_cost(first.checkpoint)
+        if turn is not None:   # about one turn; a quarter turn more lets small rows ride along
+            budget = min(budget, max(turn, cost(rows, longest, total)) + turn // 4)
+        keep = collections.deque()
+        while self._queue:
+            j = self._queue.popleft()
+            if isinstance(j, _Call) or j.checkpoint != first.checkpoint:
+                keep.append(j)
+                continue
+            if j.future.cancelled():
+                continue
+            cand_longest = max(longest, int(j.rows.lengths.max()))
+            if (rows + j.rows.n > self.max_batch_rows
+                    or cost(rows + j.rows.n, cand_longest, total + len(j.rows.ids)) > budget):
+                keep.append(j)
+                keep.extend(self._queue)
+                self._queue.clear()
+                break
+            jobs.append(j)
+            rows += j.rows.n
+            longest, total = cand_longest, total + len(j.rows.ids)
+        keep.extend(self._queue)
+        self._queue.clear()
+        self._queue.extend(keep)
+        return jobs
 
     def _loop(self) -> None:
         while True:
             jobs = self._take()
             if not jobs:
                 return
-            if isinstance(jobs[0], _Call):
-                self._run_call(jobs[0])
-                continue
-            jobs = [j for j in jobs if not j.future.cancelled()]
-            if not jobs:
-                continue
-            self._run_batch(jobs)
+            try:
+                if isinstance(jobs[0], _Call):
+                    self._run_call(jobs[0])
+                    continue
+                jobs = [j for j in jobs if not j.future.cancelled()]
+                if jobs:
+                    self._run_batch(jobs)
+            finally:
+                with self._cv:
+                    self._device_busy = False
 
     def _run_call(self, job: _Call) -> None:
         try:

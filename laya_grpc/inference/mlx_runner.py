@@ -21,6 +21,7 @@ class MlxRunner:
         self.vocab_size = self.model.spec.vocab_size
         self.n_act = self.model.n_act
         self.max_positions = 1 << 30
+        self.forwards_inline = False   # MLX work stays on the device thread that owns it
 
     def forward(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
         return self.model.forward(**batch)

@@ -16,6 +16,9 @@ class Runner(Protocol):
     vocab_size: int
     max_positions: int
     n_act: int
+    # whether a short forward may run on the calling event loop's thread (the batcher's inline
+    # turn); False for MLX (its work stays on the thread that owns it) and for eager forwards
+    forwards_inline: bool
 
     def forward(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
         """(logits float32 [B,K], act_logits float32 [B,n_act]) for a padded batch (see PackedRows.pad)."""

@@ -65,6 +65,10 @@ class TorchRunner:
             # the graphs and the RoPE tables they read are sized for the checkpoint's max_len; a longer
             # row (a per-request max_len above it) is refused per request by the inference service
             self.max_positions = plan.max_tokens
+        # a short batch may run on the event loop's thread when the device is idle (batcher.py, inline
+        # turn): a captured graph is a few launches and one sync; eager forwards (CPU, MPS) are long
+        self.forwards_inline = self._dev.type == "cuda" and self.graphs is not None and getattr(
+            self.graphs, "use_graphs", True)
 
     def warm(self) -> int:
         """Capture the CUDA graph of every bucket a batch within the token budget can use (before
