@@ -4,10 +4,10 @@ Stacks measured one after the other see different host states (another machine s
 cache, a busier neighbour); a paired run alternates one short HTTP request to each (`x-laya-timing`
 on), first A then B, then B then A, so both see the same conditions, and reports each stack's
 p50/p95, the median per-pair time ratio A/B with a bootstrap 95% interval, and each stage of the
-gateway's timing header per stack. `--load` then runs 64 closed-loop HTTP clients against each
-stack alone (the other idle), twice, alternating.
+gateway's timing header per stack. `--load S` then runs closed-loop HTTP clients (`--clients`, 64 by
+default) against each stack alone (the other idle) for S seconds, twice, alternating.
 
-    python -m benchmarks.paired_stacks 127.0.0.1:18301 127.0.0.1:18300 [-n 1000] [--load 8]
+    python -m benchmarks.paired_stacks 127.0.0.1:18301 127.0.0.1:18300 [-n 1000] [--load 8 --clients 8,64]
 
 Used to compare two builds of the serving path (start one from a copy of the tree at the other
 commit, on other ports); prints one JSON line per result.
@@ -86,7 +86,8 @@ def main(argv=None) -> int:
     p.add_argument("a", help="HOST:PORT of stack A's HTTP")
     p.add_argument("b", help="HOST:PORT of stack B's HTTP")
     p.add_argument("-n", type=int, default=1000, help="request pairs")
-    p.add_argument("--load", type=float, default=0.0, help="seconds of 64-client load per stack and round (0: none)")
+    p.add_argument("--load", type=float, default=0.0, help="seconds of load per stack, client count and round (0: none)")
+    p.add_argument("--clients", default="64", help="comma list of concurrent clients for --load")
     a = p.parse_args(argv)
     res = paired(a.a, a.b, a.n)
     print("A p50 %.3f p95 %.3f | B p50 %.3f p95 %.3f | median A/B %.3f (95%% CI %.3f-%.3f), pairs %d" % (
@@ -98,11 +99,13 @@ def main(argv=None) -> int:
         from laya_grpc.bench.inputs import named_cases
         from laya_grpc.bench.service import load
         case = named_cases()[0]
-        for rnd in range(2):
-            for name, addr in (("a", a.a), ("b", a.b)):
-                r = load("http", addr, [case], "english", 64, a.load, procs=8)
-                print(json.dumps({"kind": "load64", "round": rnd, "stack": name,
-                                  **{k: r[k] for k in ("req_per_s", "p50_ms", "p95_ms", "codes") if k in r}}), flush=True)
+        for clients in [int(c) for c in a.clients.split(",") if c]:
+            for rnd in range(2):
+                for name, addr in (("a", a.a), ("b", a.b)):
+                    r = load("http", addr, [case], "english", clients, a.load, procs=min(8, clients))
+                    print(json.dumps({"kind": "load", "clients": clients, "round": rnd, "stack": name,
+                                      **{k: r[k] for k in ("req_per_s", "p50_ms", "p95_ms", "codes") if k in r}}),
+                          flush=True)
     return 0
 
 

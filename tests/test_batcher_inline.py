@@ -140,3 +140,27 @@ def test_work_queued_for_the_device_thread_is_not_overtaken():
     asyncio.run(main())
     assert order == ["held", "load", "request"], order
     assert [t for _, t, _, _ in runner.forwards] == ["laya-device"], runner.forwards
+
+
+def test_a_stream_of_requests_keeps_the_device_thread(monkeypatch):
+    """A request that comes right after a forward ended (a stream: the loop should keep reading and
+    preparing requests while the device works) goes to the device thread; one after a quiet gap
+    runs inline again. The idle threshold is raised to 20 ms so a slow test host cannot make a
+    back-to-back request look like one after a gap."""
+    from laya_grpc.inference import batcher
+    monkeypatch.setattr(batcher, "INLINE_IDLE_S", 0.02)
+    runner = RecordingRunner(inline=True)
+
+    async def main():
+        b = Batcher(lambda name: runner, lambda name: 0, length_multiple=1)
+        b.start()
+        try:
+            for i in range(3):   # back to back: each submitted as soon as the previous answer came
+                _check_answer(await b.submit("m", rows_of([10 + i])), [10 + i])
+            await asyncio.sleep(0.1)
+            _check_answer(await b.submit("m", rows_of([20])), [20])
+        finally:
+            b.stop()
+    asyncio.run(main())
+    assert [t for _, t, _, _ in runner.forwards] == ["MainThread", "laya-device", "laya-device", "MainThread"], \
+        runner.forwards

@@ -19,14 +19,18 @@ splits into several forwards stops between them once every request in it is canc
 All framework work stays on this thread (MLX requires it; torch releases the GIL in kernels),
 with one exception: the inline turn.
 
-Inline turn: a short batch that finds the device idle runs on the event loop's own thread, in
-the loop turn after the request's call (so every call that arrived in the same read still joins
-it), when its runner says its forwards may (`forwards_inline`: captured CUDA graphs, a few
-milliseconds a short batch) and its cost is at most INLINE_MAX_COST tokens. Why: the hand-off to
-the device thread and back are two thread wake-ups, each also waiting for the GIL; on the H200
-host they took ~0.12 and ~0.18 ms of a ~4 ms request. The loop is blocked for that forward, as
-the device would be anyway; larger batches, loads and anything queued while the device thread
-works stay on the device thread, and the two never run at once.
+Inline turn: a short batch that finds the device idle, and idle for at least INLINE_IDLE_S,
+runs on the event loop's own thread, in the loop turn after the request's call (so every call
+that arrived in the same read still joins it), when its runner says its forwards may
+(`forwards_inline`: captured CUDA graphs, a few milliseconds a short batch) and its cost is at
+most INLINE_MAX_COST tokens. Why: the hand-off to the device thread and back are two thread
+wake-ups, each also waiting for the GIL; on the H200 host they took ~0.12 and ~0.18 ms of a ~4 ms
+request. The loop is blocked for that forward. That costs nothing to a request that comes alone,
+but under a stream of requests the loop would stop reading and preparing the next ones while the
+device works (on the H200, 8 clients lost a fifth of their throughput), so a device that ended a
+forward less than INLINE_IDLE_S ago means a stream, and the device thread takes the batch. Larger
+batches, loads and anything queued while the device thread works stay on the device thread, and
+the two never run at once.
 """
 from __future__ import annotations
 
@@ -49,6 +53,9 @@ log = logging.getLogger("laya_grpc.inference.batcher")
 # the largest batch (in runner cost tokens) an inline turn runs: a few short requests; on an H200 a
 # forward of this size takes ~1.3-2.5 ms, which the event loop then waits out
 INLINE_MAX_COST = 1024
+# how long the device must have been idle for a batch to run inline: requests one at a time leave
+# gaps of the rest of their path (~2 ms on the H200 host), a stream of them leaves well under 1 ms
+INLINE_IDLE_S = 0.001
 
 
 @dataclass
@@ -97,6 +104,7 @@ class Batcher:
         self._stop = False
         self._device_busy = False   # the device thread is running a unit of work
         self._inline = False        # an inline turn is scheduled or running (the device thread waits)
+        self._idle_since = 0.0      # perf_counter when the last forward ended
         self._thread = threading.Thread(target=self._loop, name="laya-device", daemon=True)
         self._speed = DeviceSpeed()   # ms per cost token, per checkpoint, from long forwards only
 
@@ -138,7 +146,8 @@ class Batcher:
             if self._stop:
                 raise LayaError(Kind.BUSY, "inference service is shutting down")
             self._queue.append(job)
-            if not self._inline and not self._device_busy and len(self._queue) == 1 and self._may_inline(job):
+            if (not self._inline and not self._device_busy and len(self._queue) == 1
+                    and job.enqueued - self._idle_since >= INLINE_IDLE_S and self._may_inline(job)):
                 self._inline = True
                 loop.call_soon(self._inline_turn)
             elif not self._inline:
@@ -294,6 +303,7 @@ class Batcher:
             rows = PackedRows.concat([j.rows for j in jobs])
             logits, act = self._forward_within_budget(jobs[0].checkpoint, rows, jobs)
         except _AllCancelled:
+            self._idle_since = time.perf_counter()
             return
         except BaseException as e:  # noqa: BLE001
             err = e if isinstance(e, LayaError) else LayaError(Kind.INTERNAL, "forward failed: %s: %s" % (type(e).__name__, e))
@@ -301,8 +311,10 @@ class Batcher:
                 log.exception("forward failed")
             for j in jobs:
                 j.loop.call_soon_threadsafe(_set_exception, j.future, err)
+            self._idle_since = time.perf_counter()
             return
-        model_ms = (time.perf_counter() - start) * 1e3
+        self._idle_since = end = time.perf_counter()
+        model_ms = (end - start) * 1e3
         at = 0
         for j in jobs:
             n = j.rows.n
