@@ -42,50 +42,47 @@ def _check_answer(res, lengths):
         assert lg[0] % 1000 < res.batch_rows and lg[0] // 1000 == n, (i, lg, n)
 
 
-def test_a_lone_short_request_runs_on_the_loop_thread():
-    runner = RecordingRunner(inline=True)
-
+def run_batcher(runner, body) -> None:
+    """`await body(batcher)` on a started Batcher over `runner`; stopped afterwards."""
     async def main():
         b = Batcher(lambda name: runner, lambda name: 0, length_multiple=1)
         b.start()
         try:
-            res = await b.submit("m", rows_of([40, 7]))
-            _check_answer(res, [40, 7])
+            await body(b)
         finally:
             b.stop()
     asyncio.run(main())
+
+
+def test_a_lone_short_request_runs_on_the_loop_thread():
+    runner = RecordingRunner(inline=True)
+
+    async def body(b):
+        res = await b.submit("m", rows_of([40, 7]))
+        _check_answer(res, [40, 7])
+    run_batcher(runner, body)
     assert [(n, t) for n, t, _, _ in runner.forwards] == [(2, "MainThread")], runner.forwards
 
 
 def test_calls_of_one_loop_turn_share_one_inline_forward():
     runner = RecordingRunner(inline=True)
 
-    async def main():
-        b = Batcher(lambda name: runner, lambda name: 0, length_multiple=1)
-        b.start()
-        try:
-            lengths = [[30], [12, 5], [60]]
-            results = await asyncio.gather(*[b.submit("m", rows_of(ls)) for ls in lengths])
-            for res, ls in zip(results, lengths):
-                _check_answer(res, ls)
-        finally:
-            b.stop()
-    asyncio.run(main())
+    async def body(b):
+        lengths = [[30], [12, 5], [60]]
+        results = await asyncio.gather(*[b.submit("m", rows_of(ls)) for ls in lengths])
+        for res, ls in zip(results, lengths):
+            _check_answer(res, ls)
+    run_batcher(runner, body)
     assert [(n, t) for n, t, _, _ in runner.forwards] == [(4, "MainThread")], runner.forwards
 
 
 def test_large_batches_and_runners_that_may_not_stay_on_the_device_thread():
     big, eager = RecordingRunner(inline=True), RecordingRunner(inline=False)
 
-    async def main():
-        for runner, lengths in ((big, [INLINE_MAX_COST // 2 + 1] * 2), (eager, [10])):
-            b = Batcher(lambda name, r=runner: r, lambda name: 0, length_multiple=1)
-            b.start()
-            try:
-                _check_answer(await b.submit("m", rows_of(lengths)), lengths)
-            finally:
-                b.stop()
-    asyncio.run(main())
+    for runner, lengths in ((big, [INLINE_MAX_COST // 2 + 1] * 2), (eager, [10])):
+        async def body(b, lengths=lengths):
+            _check_answer(await b.submit("m", rows_of(lengths)), lengths)
+        run_batcher(runner, body)
     assert [t for _, t, _, _ in big.forwards] == ["laya-device"], big.forwards
     assert [t for _, t, _, _ in eager.forwards] == ["laya-device"], eager.forwards
 
@@ -95,18 +92,13 @@ def test_the_loop_and_the_device_thread_never_run_forwards_at_once():
     works and while it is idle), forwards never overlap in time and every answer is right."""
     runner = RecordingRunner(inline=True, ms=3.0)
 
-    async def main():
-        b = Batcher(lambda name: runner, lambda name: 0, length_multiple=1)
-        b.start()
-        try:
-            async def one(i):
-                await asyncio.sleep(i * 0.004 + (i % 3) * 0.001)   # bursts and idle gaps
-                ls = [INLINE_MAX_COST] * 2 if i % 5 == 0 else [10 + i % 13]
-                _check_answer(await b.submit("m", rows_of(ls)), ls)
-            await asyncio.gather(*[one(i) for i in range(60)])
-        finally:
-            b.stop()
-    asyncio.run(main())
+    async def body(b):
+        async def one(i):
+            await asyncio.sleep(i * 0.004 + (i % 3) * 0.001)   # bursts and idle gaps
+            ls = [INLINE_MAX_COST] * 2 if i % 5 == 0 else [10 + i % 13]
+            _check_answer(await b.submit("m", rows_of(ls)), ls)
+        await asyncio.gather(*[one(i) for i in range(60)])
+    run_batcher(runner, body)
     spans = sorted((s, e) for _, _, s, e in runner.forwards)
     assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:])), "two forwards overlapped"
     threads = {t for _, t, _, _ in runner.forwards}
@@ -119,25 +111,20 @@ def test_work_queued_for_the_device_thread_is_not_overtaken():
     runner = RecordingRunner(inline=True)
     order = []
 
-    async def main():
-        b = Batcher(lambda name: runner, lambda name: 0, length_multiple=1)
-        b.start()
-        try:
-            gate = threading.Event()
-            held = b.run_on_device(lambda: (gate.wait(10), order.append("held")))
-            await asyncio.sleep(0.05)     # the device thread is inside the held call
-            load = b.run_on_device(lambda: order.append("load"))
-            req = asyncio.ensure_future(b.submit("m", rows_of([10])))
-            await asyncio.sleep(0.05)
-            assert not req.done() and runner.forwards == []
-            gate.set()
-            await held
-            await load
-            _check_answer(await req, [10])
-            order.append("request")
-        finally:
-            b.stop()
-    asyncio.run(main())
+    async def body(b):
+        gate = threading.Event()
+        held = b.run_on_device(lambda: (gate.wait(10), order.append("held")))
+        await asyncio.sleep(0.05)     # the device thread is inside the held call
+        load = b.run_on_device(lambda: order.append("load"))
+        req = asyncio.ensure_future(b.submit("m", rows_of([10])))
+        await asyncio.sleep(0.05)
+        assert not req.done() and runner.forwards == []
+        gate.set()
+        await held
+        await load
+        _check_answer(await req, [10])
+        order.append("request")
+    run_batcher(runner, body)
     assert order == ["held", "load", "request"], order
     assert [t for _, t, _, _ in runner.forwards] == ["laya-device"], runner.forwards
 
@@ -151,16 +138,11 @@ def test_a_stream_of_requests_keeps_the_device_thread(monkeypatch):
     monkeypatch.setattr(batcher, "INLINE_IDLE_S", 0.02)
     runner = RecordingRunner(inline=True)
 
-    async def main():
-        b = Batcher(lambda name: runner, lambda name: 0, length_multiple=1)
-        b.start()
-        try:
-            for i in range(3):   # back to back: each submitted as soon as the previous answer came
-                _check_answer(await b.submit("m", rows_of([10 + i])), [10 + i])
-            await asyncio.sleep(0.1)
-            _check_answer(await b.submit("m", rows_of([20])), [20])
-        finally:
-            b.stop()
-    asyncio.run(main())
+    async def body(b):
+        for i in range(3):   # back to back: each submitted as soon as the previous answer came
+            _check_answer(await b.submit("m", rows_of([10 + i])), [10 + i])
+        await asyncio.sleep(0.1)
+        _check_answer(await b.submit("m", rows_of([20])), [20])
+    run_batcher(runner, body)
     assert [t for _, t, _, _ in runner.forwards] == ["MainThread", "laya-device", "laya-device", "MainThread"], \
         runner.forwards
