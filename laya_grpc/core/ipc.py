@@ -2,7 +2,7 @@
 
 Why: the gateway makes two internal calls per request, and on one host the transport's cost is
 its thread wake-ups. A message on an open grpc.aio stream pays HTTP/2 framing and grpc's
-completion-queue threads; a ZeroMQ message (pyzmq, which this module used before) passes through
+completion-queue threads; a ZeroMQ message (pyzmq) passes through
 libzmq's I/O thread on each side, so every message wakes three threads (sender's I/O thread,
 receiver's I/O thread, receiver). Here the event loop writes a frame to the socket and the peer's
 event loop reads it: one wake-up per message. On the H200 host, inside the served stack, one
