@@ -3,7 +3,8 @@
 gemms: each encoder GEMM shape of the checkpoint alone (cuBLAS through torch.mm), at the token
   counts of one short row, 64 and 256 short rows: microseconds and TFLOP/s with a 16-bit and with
   a float32 result (the served Wo GEMMs). Says how far the forward's GEMMs are from what cuBLAS
-  gives these shapes.
+  gives these shapes; at one row's 160 tokens the back-to-back calls are bound by Python's launch
+  cost (~25 us a torch.mm), so only the larger counts measure the GPU.
 kernels: the fused encoder's forward run eagerly under torch.profiler (CUDA kernel times are the
   same as inside the graph; only the launch gaps differ), summed per kernel name per forward,
   next to the CUDA-graph replay time of the same bucket. Says which kernels to attack next.

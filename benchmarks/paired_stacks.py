@@ -17,68 +17,42 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import socket
-import time
 
-import numpy as np
+from laya_grpc.bench.hops import TimedHTTP
+from laya_grpc.bench.stats import paired_ratio, pct, summary_ms
 
-BODY = json.dumps({"model": "english", "state": "My phone arrived broken and I want my money back today.",
-                   "questions": {"angry": {"type": "noul", "instructions": "Is the customer angry?"}}}).encode()
+BODY = {"model": "english", "state": "My phone arrived broken and I want my money back today.",
+        "questions": {"angry": {"type": "noul", "instructions": "Is the customer angry?"}}}
 
 
-class Conn:
-    """One keep-alive connection, minimal client cost; returns (ms, timing stages)."""
-
-    def __init__(self, addr: str):
-        host, _, port = addr.rpartition(":")
-        self.s = socket.create_connection((host, int(port)))
-        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.req = (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    b"x-laya-timing: 1\r\nContent-Length: %d\r\n\r\n" % len(BODY)) + BODY
-
-    def post(self) -> tuple:
-        t0 = time.perf_counter()
-        self.s.sendall(self.req)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            buf += self.s.recv(65536)
-        head, _, rest = buf.partition(b"\r\n\r\n")
-        hs = {ln.split(b":", 1)[0].lower(): ln.split(b":", 1)[1].strip() for ln in head.split(b"\r\n")[1:]}
-        while len(rest) < int(hs[b"content-length"]):
-            rest += self.s.recv(65536)
-        ms = (time.perf_counter() - t0) * 1e3
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError("request failed: %r" % head[:80])
-        stages = {}
-        for kv in hs.get(b"x-laya-timing", b"").decode().split(";"):
-            k, _, v = kv.partition("=")
-            if k:
-                stages[k] = float(v)
-        return ms, stages
+def _post(conn: TimedHTTP) -> tuple:
+    status, ms, stages = conn.post()
+    if status != 200:
+        raise RuntimeError("request failed with HTTP %d" % status)
+    return ms, stages
 
 
 def paired(a: str, b: str, n: int, warm: int = 50) -> dict:
-    ca, cb = Conn(a), Conn(b)
+    conns = {"a": TimedHTTP(a, BODY), "b": TimedHTTP(b, BODY)}
     for _ in range(warm):
-        ca.post()
-        cb.post()
+        for c in conns.values():
+            _post(c)
     t = {"a": [], "b": []}
     st = {"a": collections.defaultdict(list), "b": collections.defaultdict(list)}
     for i in range(n):
-        for key, c in ((("a", ca), ("b", cb)) if i % 2 == 0 else (("b", cb), ("a", ca))):
-            ms, stages = c.post()
-            t[key].append(ms)
+        for key in ("a", "b") if i % 2 == 0 else ("b", "a"):
+            ms, stages = _post(conns[key])
+            t[key].append(ms / 1e3)
             for k, v in stages.items():
                 st[key][k].append(v)
-    ta, tb = np.array(t["a"]), np.array(t["b"])
-    r = ta / tb
-    boot = [np.median(r[np.random.randint(0, n, n)]) for _ in range(2000)]
+    for c in conns.values():
+        c.close()
+    sa, sb, r = summary_ms(t["a"]), summary_ms(t["b"]), paired_ratio(t["a"], t["b"])
     return {"kind": "pair", "a": a, "b": b, "pairs": n,
-            "a_p50": float(np.percentile(ta, 50)), "a_p95": float(np.percentile(ta, 95)),
-            "b_p50": float(np.percentile(tb, 50)), "b_p95": float(np.percentile(tb, 95)),
-            "ratio_median": float(np.median(r)), "ci": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
-            "a_stages": {k: float(np.median(v)) for k, v in st["a"].items()},
-            "b_stages": {k: float(np.median(v)) for k, v in st["b"].items()}}
+            "a_p50": sa["p50_ms"], "a_p95": sa["p95_ms"], "b_p50": sb["p50_ms"], "b_p95": sb["p95_ms"],
+            "ratio_median": r["median_ratio"], "ci": [r["ci95_lo"], r["ci95_hi"]],
+            "a_stages": {k: pct(v, 50) for k, v in st["a"].items()},
+            "b_stages": {k: pct(v, 50) for k, v in st["b"].items()}}
 
 
 def main(argv=None) -> int:

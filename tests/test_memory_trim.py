@@ -56,7 +56,8 @@ def test_lookup_failure_is_a_quiet_no_op(monkeypatch):
     assert memory.trim_available() is False and memory.trim_heap() is False
     trim = memory.IdleTrim(lambda: 0, None, threshold=1)
     assert trim.enabled is False
-    trim.ended(10)   # no timer, no thread: nothing to run it on is needed
+    trim.add(10)
+    trim.ended()   # no timer, no thread: nothing to run it on is needed
 
 
 class _Service:

@@ -167,34 +167,50 @@ def hop_breakdown(run_dir: str, transport: str, state, questions: dict, model: s
 APP_STAGES = ("admission_body", "parse", "route", "tokenizer_hop", "inference_hop", "decode", "render")
 
 
+class TimedHTTP:
+    """One kept-open connection posting one decision body with `x-laya-timing: 1` and a bare
+    socket (no client library in the timing): `post()` -> (HTTP status, client ms, the gateway's
+    stages; empty when the response carries none)."""
+
+    def __init__(self, http: str, body: dict):
+        from laya_grpc.core import timing
+        host, _, port = http.replace("http://", "").rpartition(":")
+        payload = json.dumps(body).encode()
+        self.req = (b"POST /v1/systemone HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s: 1\r\n"
+                    b"Content-Length: %d\r\n\r\n" % (host.encode(), timing.REQUEST_HEADER.encode(), len(payload))) + payload
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def post(self) -> tuple:
+        from laya_grpc.core import timing
+        t0 = time.perf_counter()
+        self.sock.sendall(self.req)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += self.sock.recv(65536)
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        fields = {a.strip().lower(): b.strip() for a, _, b in (x.partition(b":") for x in head.split(b"\r\n")[1:])}
+        while len(rest) < int(fields.get(b"content-length", b"0")):
+            rest += self.sock.recv(65536)
+        total = (time.perf_counter() - t0) * 1e3
+        return int(head.split(b" ", 2)[1]), total, timing.parse(fields[b"x-laya-timing"].decode()) if b"x-laya-timing" in fields else {}
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def http_breakdown(http: str, body: dict, n: int, warm: int = 5) -> dict:
     """Sequential HTTP requests asking for `x-laya-timing`: p50/p95 of each gateway stage (auth,
     admission and body read; parse; routing; the tokenizer hop = tokenize on the server + the rest;
     the inference hop = queue wait + model + the rest; decoding; rendering) and `http_outside` =
     what the client saw beyond the app: HTTP parsing in uvicorn and the socket both ways."""
-    from laya_grpc.core import timing
-    host, _, port = http.replace("http://", "").rpartition(":")
-    payload = json.dumps(body).encode()
-    req = (b"POST /v1/systemone HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s: 1\r\n"
-           b"Content-Length: %d\r\n\r\n" % (host.encode(), timing.REQUEST_HEADER.encode(), len(payload))) + payload
-    sock = socket.create_connection((host, int(port)))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conn = TimedHTTP(http, body)
     parts: dict = {}
     try:
         for k in range(n + warm):
-            t0 = time.perf_counter()
-            sock.sendall(req)
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                buf += sock.recv(65536)
-            head, _, rest = buf.partition(b"\r\n\r\n")
-            fields = {a.strip().lower(): b.strip() for a, _, b in (x.partition(b":") for x in head.split(b"\r\n")[1:])}
-            while len(rest) < int(fields.get(b"content-length", b"0")):
-                rest += sock.recv(65536)
-            total = (time.perf_counter() - t0) * 1e3
-            if k < warm or b"x-laya-timing" not in fields:
+            _, total, st = conn.post()
+            if k < warm or not st:
                 continue
-            st = timing.parse(fields[b"x-laya-timing"].decode())
             st["tokenizer_rest"] = st.get("tokenizer_hop", 0) - st.get("tokenize_server", 0)
             st["inference_rest"] = st.get("inference_hop", 0) - st.get("queue_wait", 0) - st.get("model", 0)
             st["http_outside"] = total - sum(st.get(x, 0) for x in APP_STAGES)
@@ -202,7 +218,7 @@ def http_breakdown(http: str, body: dict, n: int, warm: int = 5) -> dict:
             for name, ms in st.items():
                 parts.setdefault(name, []).append(ms / 1e3)
     finally:
-        sock.close()
+        conn.close()
     return {k: summary_ms(v) for k, v in parts.items()}
 
 

@@ -6,8 +6,9 @@ completion-queue threads; a ZeroMQ message (pyzmq) passes through
 libzmq's I/O thread on each side, so every message wakes three threads (sender's I/O thread,
 receiver's I/O thread, receiver). Here the event loop writes a frame to the socket and the peer's
 event loop reads it: one wake-up per message. On the H200 host, inside the served stack, one
-ZeroMQ leg took 150-210 us (p50) and an empty ZeroMQ round trip 0.09-0.11 ms against 0.036 ms over
-a unix socket (benchmarks/results, docs/performance.md "Local transports").
+ZeroMQ leg took 150-210 us (p50) and a bare ZeroMQ echo round trip 0.09-0.11 ms against 0.036 ms
+over a unix socket (benchmarks/results/2026-12-04-d150112/request-trace.txt; docs/performance.md
+"Local transports").
 
 Framing: each message is a 4-byte little-endian length and one serialized contract message,
 `TokenizeCall`/`InferCall` one way and `TokenizeReply`/`InferReply` back, matched by id, so

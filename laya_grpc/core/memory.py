@@ -99,10 +99,9 @@ class IdleTrim:
     def add(self, work: int) -> None:
         self.work += work
 
-    def ended(self, work: int = 0) -> None:
-        """A call ended (`work` more units, if not `add`ed already): (re)arm the idle timer when
-        nothing else is in flight and enough work piled up since the last trim."""
-        self.work += work
+    def ended(self) -> None:
+        """A call ended: (re)arm the idle timer when nothing else is in flight and enough work
+        piled up since the last trim."""
         if not self.enabled or self.work < self.threshold or self.inflight() > 0:
             return
         if self._timer is not None:

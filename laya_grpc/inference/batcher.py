@@ -27,7 +27,7 @@ most INLINE_MAX_COST tokens. Why: the hand-off to the device thread and back are
 wake-ups, each also waiting for the GIL; on the H200 host they took ~0.12 and ~0.18 ms of a ~4 ms
 request. The loop is blocked for that forward. That costs nothing to a request that comes alone,
 but under a stream of requests the loop would stop reading and preparing the next ones while the
-device works (on the H200, 8 clients lost a fifth of their throughput), so a device that ended a
+device works (on the H200, 8 clients lost 13-20% of their throughput), so a device that ended a
 forward less than INLINE_IDLE_S ago means a stream, and the device thread takes the batch. Larger
 batches, loads and anything queued while the device thread works stay on the device thread, and
 the two never run at once.
