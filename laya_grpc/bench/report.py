@@ -74,10 +74,15 @@ def write_report(jsonl: str, out_dir: str) -> str:
     conc = [r for r in recs if r["kind"] == "concurrency"]
     if conc:
         L += ["", "## Concurrency (short one-question requests, closed loop)", "",
-              "| target | clients | req/s | decisions/s | p50 ms | p95 ms | status counts |", "|---|---|---|---|---|---|---|"]
+              "Forwards, rows a forward and device busy (the share of the run a forward was running) come "
+              "from the inference service's metrics.", "",
+              "| target | clients | req/s | decisions/s | p50 ms | p95 ms | forwards | rows a forward | device busy "
+              "| status counts |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in conc:
-            L.append("| %s | %d | %.0f | %.0f | %s | %s | %s |" % (LABEL[r["target"]], r["clients"], r["req_per_s"],
-                     r["decisions_per_s"], _f(r["p50_ms"]), _f(r["p95_ms"]), json.dumps(r["codes"])))
+            L.append("| %s | %d | %.0f | %.0f | %s | %s | %s | %s | %s | %s |" % (
+                LABEL[r["target"]], r["clients"], r["req_per_s"], r["decisions_per_s"], _f(r["p50_ms"]),
+                _f(r["p95_ms"]), r.get("forwards", "-"), _f(r.get("rows_per_forward")),
+                _f(r.get("device_busy")), json.dumps(r["codes"])))
     L += replicas_section(all_recs)
     batches = [dict(r, states=r.get("states", 64)) for r in recs if r["kind"] in ("batch", "batch64")]
     if batches:

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+
 import numpy as np
 
 from . import hops
@@ -321,12 +323,39 @@ def first_requests(s: "Served", case: Case, model: str, warm_n: int = 50) -> dic
     return {"http": http, "grpc": grpc_rec}
 
 
+def forward_totals(metrics_url: str) -> dict:
+    """The inference service's forward counters so far, from serve's aggregated /metrics: forwards,
+    rows in them, and seconds its device thread (or inline turn) spent running them."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    names = {"laya_inference_batch_rows_count": "forwards", "laya_inference_batch_rows_sum": "rows",
+             "laya_inference_forward_seconds_sum": "seconds"}
+    out = dict.fromkeys(names.values(), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                out[names[sample.name]] += sample.value
+    return out
+
+
+def forward_stats(before: dict, after: dict, seconds: float) -> dict:
+    """What the forwards of one load run looked like: how many, rows each, and the share of the
+    run the device was running one (below 1: it waited for work)."""
+    n = after["forwards"] - before["forwards"]
+    return {"forwards": int(n), "rows_per_forward": (after["rows"] - before["rows"]) / n if n else None,
+            "device_busy": (after["seconds"] - before["seconds"]) / seconds}
+
+
 def run_service(a, rec, ckpt: str, model: str, transport: str = "ipc") -> None:
-    """Readiness, first request, warm latency per input, the per-hop breakdown, concurrency sweep,
-    memory: HTTP and gRPC, with `serve`'s children reached over `transport`."""
+    """Readiness, first request, warm latency per input, the per-hop breakdown, concurrency sweep
+    (with the forwards each load run made, from serve's metrics), memory: HTTP and gRPC, with
+    `serve`'s children reached over `transport`."""
     env = {"LAYA_MAX_CONCURRENT": str(a.max_concurrent)}
     extra = ["--backend", a.backend, "--dtype", a.dtype] + (["--device", a.device] if a.device != "auto" else [])
-    extra += ["--local-transport", transport]
+    metrics_at = "127.0.0.1:%d" % _free_port()
+    extra += ["--local-transport", transport, "--metrics", metrics_at]
+    metrics_url = "http://%s/metrics" % metrics_at
     s = Served({model: ckpt}, extra, env)
     try:
         ready_s = s.wait_ready(a.ready_timeout)
@@ -342,7 +371,9 @@ def run_service(a, rec, ckpt: str, model: str, transport: str = "ipc") -> None:
                 lat = sequential(kind, addr, c, model, a.iters + 5)[5:]
                 rec(kind, "latency", input=c.name, e2e=summary_ms(lat))
             for conc in a.concurrency:
+                before = forward_totals(metrics_url)
                 r = load(kind, addr, [cases[0]], model, conc, a.duration, procs=min(conc, a.client_procs))
+                r.update(forward_stats(before, forward_totals(metrics_url), a.duration))
                 rec(kind, "concurrency", input="short", **r)
         for c in cases:
             rec("service", "ab", input=c.name, **grpc_against_http(s.http, s.grpc, c, model, a.iters))

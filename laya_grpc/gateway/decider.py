@@ -12,6 +12,7 @@ each routed on its own state exactly as upstream's `Router.predict_batch` does.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Optional, Sequence
 
 from laya_grpc.core import request_id, timing, tracing
@@ -24,6 +25,11 @@ from laya_grpc.core.temperatures import Temperatures
 from .contract import BatchRequest, Controls, DecideRequest
 from .services import Services
 from .settings import GatewaySettings
+
+# rows (states x questions) per chunk when a call's states go through the pipeline in chunks
+# (`Decider._pipelined`): enough for an efficient forward, few enough that the first chunk's
+# tokenizing and the last one's decoding, the parts the pipeline cannot hide, stay short
+PIPELINE_ROWS = 64
 
 
 class Decider:
@@ -80,33 +86,69 @@ class Decider:
                      max_len: Optional[int] = None, head_max_len: Optional[int] = None) -> list[dict[str, Any]]:
         """`Agent.predict_batch` for states routed to one checkpoint, before the min_confidence gate:
         `{"model", "answers", "usage"}` per state. The one answer loop: the services' routes and
-        the in-process `Predictor` (laya_grpc/cli/predictor.py) both end here."""
+        the in-process `Predictor` (laya_grpc/cli/predictor.py) both end here.
+
+        More than PIPELINE_ROWS rows go in chunks of states, pipelined: the next chunk is tokenized,
+        and the one before decoded, while the network runs the current one (`_pipelined`)."""
         if not questions:
             # Upstream answers without tokenizing or running the network.
             return [empty_result()
                     for _ in states]
+        per = max(1, PIPELINE_ROWS // len(questions))
         self.inflight += 1
         try:
             request_id.note_checkpoint(checkpoint)
             temperatures = await self._temperatures_of(checkpoint)
             timing.mark("route")
-            with tracing.span("tokenize", checkpoint=checkpoint, states=len(states)):
-                encoded = await self.services.tokenize(checkpoint, list(states), questions, max_len, head_max_len)
+            if len(states) > per:
+                return await self._pipelined(checkpoint, [states[i: i + per] for i in range(0, len(states), per)],
+                                             questions, max_len, head_max_len, temperatures)
+            encoded = await self._tokenize(checkpoint, states, questions, max_len, head_max_len)
             timing.mark("tokenizer_hop")
-            with tracing.span("infer", checkpoint=checkpoint):
-                out = await self.services.infer(checkpoint, [enc.rows for enc in encoded])
+            out = await self._infer(checkpoint, encoded)
             timing.mark("inference_hop")
         finally:
             self.inflight -= 1
-        results, r = [], 0
-        with tracing.span("decode"):
-            for enc in encoded:
-                answers = {}
-                for q in questions:
-                    answers[q.qid] = decode_answer(q, out.logits[r], out.act_logits[r], temperatures)
-                    r += 1
-                results.append({"model": MODEL_TAG, "answers": answers, "usage": enc.usage})
-        return results
+        return _decode(questions, encoded, out, temperatures)
+
+    async def _pipelined(self, checkpoint: str, chunks: list, questions: list[Question], max_len: Optional[int],
+                         head_max_len: Optional[int], temperatures: Temperatures) -> list[dict[str, Any]]:
+        """Chunks of states through tokenize -> infer -> decode, the stages of neighbouring chunks at
+        once: while the network runs chunk k, chunk k+1 is tokenized and chunk k-1 decoded.
+
+        Why: done one after the other, the host's tokenizing and decoding leave the device idle
+        (docs/performance.md gives their share of a 256-state `predict_batch`). One infer call is in flight
+        at a time, as before, so a large request still takes the device in turns with others
+        (coalesce.py), and results keep input order."""
+        results: list[dict[str, Any]] = []
+        tok = asyncio.ensure_future(self._tokenize(checkpoint, chunks[0], questions, max_len, head_max_len))
+        inf = None
+        done = None   # (encoded, InferResult) of the chunk before
+        try:
+            for k in range(len(chunks)):
+                encoded = await tok
+                inf = asyncio.ensure_future(self._infer(checkpoint, encoded))
+                await asyncio.sleep(0)   # the forward starts (is sent, or handed to the device thread) first
+                if k + 1 < len(chunks):
+                    tok = asyncio.ensure_future(self._tokenize(checkpoint, chunks[k + 1], questions, max_len,
+                                                               head_max_len))
+                if done is not None:
+                    results += _decode(questions, *done, temperatures)
+                done = (encoded, await inf)
+        finally:
+            for task in (tok, inf):
+                _discard(task)
+        timing.mark("inference_hop")
+        return results + _decode(questions, *done, temperatures)
+
+    async def _tokenize(self, checkpoint: str, states: Sequence[Any], questions: list[Question],
+                        max_len: Optional[int], head_max_len: Optional[int]) -> list:
+        with tracing.span("tokenize", checkpoint=checkpoint, states=len(states)):
+            return await self.services.tokenize(checkpoint, list(states), questions, max_len, head_max_len)
+
+    async def _infer(self, checkpoint: str, encoded: list):
+        with tracing.span("infer", checkpoint=checkpoint):
+            return await self.services.infer(checkpoint, [enc.rows for enc in encoded])
 
     async def _temperatures_of(self, checkpoint: str) -> Temperatures:
         info = await self.services.checkpoint(checkpoint)
@@ -122,3 +164,27 @@ class Decider:
         if self.settings.jev_strict:
             return project_jev_strict(result)
         return add_serve_fields(result)
+
+
+def _decode(questions: list[Question], encoded: list, out, temperatures: Temperatures) -> list[dict[str, Any]]:
+    """The answers of tokenized states from their rows' network outputs (rows in state, then question order)."""
+    results, r = [], 0
+    with tracing.span("decode"):
+        for enc in encoded:
+            answers = {}
+            for q in questions:
+                answers[q.qid] = decode_answer(q, out.logits[r], out.act_logits[r], temperatures)
+                r += 1
+            results.append({"model": MODEL_TAG, "answers": answers, "usage": enc.usage})
+    return results
+
+
+def _discard(task: Optional[asyncio.Future]) -> None:
+    """A pipeline task no longer wanted: cancelled if still running, its error (if any) retrieved
+    so that asyncio does not report it as never retrieved."""
+    if task is None:
+        return
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()

@@ -292,7 +292,8 @@ class PackedForward:
         if graphs:
             self._pool = torch.cuda.graph_pool_handle()
             self._stream = torch.cuda.Stream(device=device)
-        self.cache = GraphCache(capacity, self._build, self._release)
+        # room for every warm bucket, and for some with more markers than warmed (captured on first use)
+        self.cache = GraphCache(max(capacity, len(plan.warm_buckets()) + 32), self._build, self._release)
 
     def _build(self, b):
         torch = self._torch
