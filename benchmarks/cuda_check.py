@@ -4,7 +4,8 @@
    fresh random fp16 inputs (add_layer_norm also bf16 and fp32), every element compared.
 2. Tiny checkpoints (sequential and parallel option layout): the CUDA runner (CUDA graphs, fused
    encoder packed and padded, reference encoder; fp16 and fp32) against the CPU fp32 runner on real
-   tokenized rows, logits compared; and (printed, not judged) how closely the fused encoder's fp16
+   tokenized rows, logits compared; a forward started without waiting (`start_rows`) keeps its
+   outputs when another forward runs first; and (printed, not judged) how closely the fused encoder's fp16
    hidden states track the eager `encode`.
 
 `python -m benchmarks.cuda_check --work-dir DIR`; prints one line per check, exits 1 on a failure.
@@ -139,6 +140,18 @@ def check_runners(torch, work: str) -> list[str]:
             tol = 1e-3 if dtype == "float32" else 0.05
             if r.kernels != kernels or not err < tol or not np.isfinite(lg).all():
                 bad.append("%s %s" % (preset, name))
+            if r.packing is not None and budget == 16384:
+                # start_rows queues the forward; a forward of other rows in the same bucket, run before
+                # its result is read, must not overwrite its outputs (bit-equal: same graph, same rows)
+                started = r.start_rows(prows, int(ck.special.pad_id))
+                rev = PackedRows.from_rows(rows[::-1])
+                other = r.run_rows(rev, int(ck.special.pad_id))
+                got = started.result()
+                same = (np.array_equal(got[0], lg) and np.array_equal(got[1], act)
+                        and np.array_equal(other[0], r.run_rows(rev, int(ck.special.pad_id))[0]))
+                print("%s %s: start_rows then another forward: outputs kept %s" % (preset, name, same), flush=True)
+                if not same:
+                    bad.append("%s %s start_rows" % (preset, name))
             r.close()
         encoder_rounding(torch, path, batch)
     return bad

@@ -2,8 +2,9 @@
 (`Decider._pipelined`): the next chunk is tokenized while the network runs the current one, one
 forward at a time, and the answers are the ones each chunk gets alone, in input order.
 
-The services are the real in-process ones (tokenizer and tiny network), with each call's start and
-end recorded on its way through."""
+The services are the real in-process ones (tokenizer and tiny network on CPU, where a started
+forward runs on the runner's thread), with each call's start and end recorded on its way through.
+The GPU's form of `start_rows` (queued on the stream) is covered in tests/test_row_packing.py."""
 from __future__ import annotations
 
 import asyncio
@@ -55,12 +56,6 @@ class RecordingServices(InProcessServices):
         self._record("tokenize", t0, len(states))
         return out
 
-    def _forward(self, runner, packed, pad_id):
-        t0 = time.perf_counter()
-        out = super()._forward(runner, packed, pad_id)
-        self._record("forward", t0, packed.n)
-        return out
-
     def _record(self, what, t0, n):
         with self._lock:
             self.log.append((what, n, t0, time.perf_counter()))
@@ -70,9 +65,18 @@ class RecordingServices(InProcessServices):
 def services(tiny_ckpt):
     s = RecordingServices()
     ckpt = open_source(tiny_ckpt)
-    s.add("english", ckpt, load_runner(ckpt.path, "torch", "cpu", None))
+    runner = load_runner(ckpt.path, "torch", "cpu", None)
+    run_rows = runner.run_rows
+
+    def recorded(rows, pad_id, pad_to=None):   # start_rows' thread calls it too (eager CPU)
+        t0 = time.perf_counter()
+        out = run_rows(rows, pad_id, pad_to)
+        s._record("forward", t0, rows.n)
+        return out
+    runner.run_rows = recorded
+    s.add("english", ckpt, runner)
     yield s
-    s.close()
+    runner.close()
 
 
 def _answer(services, states, questions=QUESTIONS):
@@ -82,7 +86,7 @@ def _answer(services, states, questions=QUESTIONS):
 
 def test_chunks_overlap_and_answers_keep_their_order(services, monkeypatch):
     monkeypatch.setattr(decider_mod, "PIPELINE_ROWS", 16)   # 8 states (x 2 questions) a chunk
-    monkeypatch.setattr("laya_grpc.cli.inprocess.DEVICE_THREAD_TOKENS", 0)   # every forward on the device thread
+    monkeypatch.setattr("laya_grpc.cli.inprocess.STARTED_TOKENS", 0)   # every forward started, none run inline
     states = _states(40)
     services.log.clear()
     got = _answer(services, states)

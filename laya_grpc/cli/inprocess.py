@@ -8,8 +8,6 @@ runner is loaded (`load`), never by importing this module.
 from __future__ import annotations
 
 import asyncio
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence
 
 from laya_grpc.core.checkpoint import Checkpoint
@@ -18,11 +16,11 @@ from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.gateway.services import CheckpointInfo, Encoded, InferResult
 from laya_grpc.tokenizer.encoding import TextEncoder
 
-# A torch forward of more tokens than this runs on the services' device thread, so that the calling
-# loop meanwhile tokenizes and decodes the neighbouring chunks of a large call (Decider._pipelined);
-# a smaller one runs on the caller's thread, where a thread hop would be a visible part of it.
-# MLX forwards always stay on the caller's thread (MLX work stays on the thread that owns it).
-DEVICE_THREAD_TOKENS = 1024
+# A forward of more tokens than this is started without waiting for it (`start_rows`: queued on the
+# GPU, or on the runner's thread), so that this loop meanwhile tokenizes and decodes the neighbouring
+# chunks of a large call (Decider._pipelined); a smaller one simply runs (a short forward is a few
+# launches). Runners without start_rows (MLX, whose work stays on the thread that owns it) always run.
+STARTED_TOKENS = 1024
 
 
 class InProcessServices:
@@ -30,14 +28,6 @@ class InProcessServices:
 
     def __init__(self):
         self._models: dict[str, tuple[Checkpoint, TextEncoder, Any]] = {}
-        self._device: Optional[ThreadPoolExecutor] = None   # one thread, made on first use
-        self._runner_lock = threading.Lock()                  # one forward at a time, whichever thread
-
-    def close(self) -> None:
-        """Stop the device thread (a forward running on it finishes first)."""
-        if self._device is not None:
-            self._device.shutdown(wait=True)
-            self._device = None
 
     @classmethod
     def load(cls, sources: dict, backend: str = "torch", device: str = "cpu",
@@ -75,20 +65,19 @@ class InProcessServices:
     async def infer(self, checkpoint: str, rows: Sequence[PackedRows]) -> InferResult:
         _, encoder, runner = self._get(checkpoint)
         packed = PackedRows.concat(list(rows)) if isinstance(rows, (list, tuple)) else rows
-        if getattr(runner, "backend", "") == "torch" and len(packed.ids) > DEVICE_THREAD_TOKENS:
-            if self._device is None:
-                self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="laya-device")
-            logits, act = await asyncio.get_running_loop().run_in_executor(
-                self._device, self._forward, runner, packed, encoder.pad_id)
+        start = getattr(runner, "start_rows", None)
+        if start is not None and len(packed.ids) > STARTED_TOKENS:
+            started = start(packed, encoder.pad_id)
+            if started.future is not None:
+                await asyncio.wrap_future(started.future)
+            while not started.done():
+                await asyncio.sleep(0)   # the loop's other tasks (the next chunk's tokenizing) run meanwhile
+            logits, act = started.result()
         else:
-            logits, act = self._forward(runner, packed, encoder.pad_id)
+            logits, act = runner.run_rows(packed, encoder.pad_id)
         counts = packed.marker_counts
         return InferResult(logits=[logits[i, :counts[i]] for i in range(packed.n)],
                            act_logits=[act[i] for i in range(packed.n)])
-
-    def _forward(self, runner, packed: PackedRows, pad_id: int):
-        with self._runner_lock:
-            return runner.run_rows(packed, pad_id)
 
     async def checkpoint(self, name: str) -> CheckpointInfo:
         ckpt, _, _ = self._get(name)

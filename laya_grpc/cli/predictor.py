@@ -44,14 +44,13 @@ class Predictor:
         self.runner = load_runner(self.checkpoint.path, backend, pick_device(device, backend, require=True).device,
                                   None if dtype == "auto" else dtype)
         self.device = self.runner.device()
-        self._services = services = InProcessServices()
+        services = InProcessServices()
         self.encoder = services.add(self.NAME, self.checkpoint, self.runner)
         # only Decider.answer is used: no routing, no serve fields, as Agent.predict answers
         self.decider = Decider(services, RouteTable.build(), GatewaySettings())
         self._loop = asyncio.new_event_loop()
 
     def close(self) -> None:
-        self._services.close()
         if not self._loop.is_closed():
             self._loop.close()
 

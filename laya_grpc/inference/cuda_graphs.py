@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Optional
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.packed_rows import PackedRows
 
 from .packing import FIELDS, fill
+from .runner_protocol import Started
 
 # int64 fields laid end to end in one host buffer and one device buffer, in this order
 _FIELDS_SEQ = ("input_ids", "attention_mask", "marker_pos", "marker_mask", "qtype")
@@ -263,6 +264,11 @@ class CudaGraphForward:
         self.cache.clear()
 
 
+def _outputs(c, n: int, b) -> tuple[np.ndarray, np.ndarray]:
+    res = c.host_out.numpy()
+    return res[:n, : b.markers].copy(), res[:n, b.markers:].copy()
+
+
 @dataclass
 class _Captured:
     bucket: Bucket
@@ -292,8 +298,9 @@ class PackedForward:
         if graphs:
             self._pool = torch.cuda.graph_pool_handle()
             self._stream = torch.cuda.Stream(device=device)
-        # room for every warm bucket, and for some with more markers than warmed (captured on first use)
-        self.cache = GraphCache(max(capacity, len(plan.warm_buckets()) + 32), self._build, self._release)
+        self.cache = GraphCache(capacity, self._build, self._release)
+        self._lock = threading.Lock()             # one fill and launch at a time, whichever thread calls
+        self._started: Optional[Started] = None   # the forward `start` queued last, until its outputs are kept
 
     def _build(self, b):
         torch = self._torch
@@ -332,23 +339,59 @@ class PackedForward:
 
     def forward(self, rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
         """One bucket's worth of rows (PackedPlan.split) -> (logits [n, K bucket], act [n, n_act])."""
+        with self._lock:
+            self._finish_started()
+            n, b, c = self._fill(rows, pad_id)
+            torch = self._torch
+            if c.graph is None:
+                c.dev_in.copy_(c.host_in)
+                with torch.inference_mode():
+                    c.step()
+                c.host_out.copy_(c.out)
+            else:
+                self._launch(c)
+                torch.cuda.current_stream(self.dev).synchronize()
+            return _outputs(c, n, b)
+
+    def start(self, rows, pad_id: int) -> Started:
+        """`forward` queued on the device without waiting for it (captured graphs only); `result()`
+        waits. The next forward or start first waits for this one and keeps its outputs, since both
+        may use the same bucket's buffers."""
+        if not self.use_graphs:
+            raise LayaError(Kind.INTERNAL, "start queues a captured CUDA graph; without graphs call forward")
+        with self._lock:
+            self._finish_started()
+            n, b, c = self._fill(rows, pad_id)
+            self._launch(c)
+            event = self._torch.cuda.Event()
+            event.record(self._torch.cuda.current_stream(self.dev))
+            kept = []
+
+            def result():
+                if not kept:
+                    event.synchronize()
+                    kept.append(_outputs(c, n, b))
+                return kept[0]
+            self._started = Started(lambda: bool(kept) or event.query(), result)
+            return self._started
+
+    def _finish_started(self) -> None:
+        if self._started is not None:
+            self._started.result()
+            self._started = None
+
+    def _fill(self, rows, pad_id: int) -> tuple:
         n = rows.n
         b = self.plan.bucket(n, len(rows.ids), int(rows.marker_counts.max()) if n else 1)
         c = self.cache.get(b)
         fill(c.host_views, rows, b, pad_id)
-        torch = self._torch
-        if c.graph is None:
-            c.dev_in.copy_(c.host_in)
-            with torch.inference_mode():
-                c.step()
-            c.host_out.copy_(c.out)
-        else:
-            c.dev_in.copy_(c.host_in, non_blocking=True)
-            c.graph.replay()
-            c.host_out.copy_(c.out, non_blocking=True)
-            torch.cuda.current_stream(self.dev).synchronize()
-        res = c.host_out.numpy()
-        return res[:n, : b.markers].copy(), res[:n, b.markers:].copy()
+        return n, b, c
+
+    @staticmethod
+    def _launch(c) -> None:
+        c.dev_in.copy_(c.host_in, non_blocking=True)
+        c.graph.replay()
+        c.host_out.copy_(c.out, non_blocking=True)
 
     def close(self) -> None:
         self.cache.clear()

@@ -26,12 +26,10 @@ import numpy as np
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.packed_rows import PackedRows
 
-# total tokens of a packed batch up to 1,024: fine steps where one row lands (a forward this small is
-# launch-bound: its time hardly grows with its tokens). Beyond, steps of 1/8 of the power of two below
-# (1,152, 1,280, ... 2,048, 2,304, ...) and from 4,096 of 1/16 (4,352, 4,608, ... 8,192, 8,704, ...),
-# where a forward's time grows with its tokens: the padding a batch pays stays under 12.5%, and under
-# 6.25% where forwards are long (64 short rows, 8,448 tokens, run 8,704).
-PACKED_TOKEN_BUCKETS = (32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
+# total tokens of a packed batch: fine steps where one row lands, coarser ones for batches
+PACKED_TOKEN_BUCKETS = (32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024,
+                        1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
+_LARGE_STEP = 1024          # beyond the list: multiples of this
 _TOKENS_PER_SLOT = 32       # segment slots per bucket: one per 32 tokens (rounded to a power of two)
 _MIN_SLOTS = 4
 _SMALL_FILL_ROWS = 8
@@ -68,8 +66,8 @@ class PackedBucket:
 
 @dataclass(frozen=True)
 class PackedPlan:
-    """Which packed shapes exist: total tokens in PACKED_TOKEN_BUCKETS, then in the steps of
-    `round_tokens`, up to max_batch_tokens, segment slots from the tokens (one per 32, a power of two, at most max_rows),
+    """Which packed shapes exist: total tokens in PACKED_TOKEN_BUCKETS (then multiples of 1024) up to
+    max_batch_tokens, segment slots from the tokens (one per 32, a power of two, at most max_rows),
     markers in powers of two from min_markers. One graph per token bucket at the warm marker count,
     where the padded plan needs one per rows x tokens pair."""
     max_rows: int
@@ -90,20 +88,17 @@ class PackedPlan:
     @staticmethod
     def round_tokens(tokens: int) -> int:
         """What `tokens` real tokens cost once packed: their token bucket."""
-        if tokens <= PACKED_TOKEN_BUCKETS[-1]:
-            return PACKED_TOKEN_BUCKETS[bisect.bisect_left(PACKED_TOKEN_BUCKETS, tokens)]
-        below = 1 << ((tokens - 1).bit_length() - 1)        # the largest power of two under `tokens`
-        step = below // 8 if below < 4096 else below // 16
-        return -(-tokens // step) * step
+        i = bisect.bisect_left(PACKED_TOKEN_BUCKETS, tokens)
+        return PACKED_TOKEN_BUCKETS[i] if i < len(PACKED_TOKEN_BUCKETS) else -(-tokens // _LARGE_STEP) * _LARGE_STEP
 
     @functools.cached_property
     def _table(self) -> tuple:
         """(token buckets, their slot counts), computed once: bucket() runs on every forward."""
         toks = [t for t in PACKED_TOKEN_BUCKETS if t < self.max_tokens]
-        t = self.round_tokens(PACKED_TOKEN_BUCKETS[-1] + 1)
+        t = PACKED_TOKEN_BUCKETS[-1] + _LARGE_STEP
         while t < self.max_tokens:
             toks.append(t)
-            t = self.round_tokens(t + 1)
+            t += _LARGE_STEP
         toks.append(self.max_tokens)
         return tuple(toks), tuple(self.slots(t) for t in toks)
 

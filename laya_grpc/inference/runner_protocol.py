@@ -6,9 +6,23 @@ weights (never from what was asked).
 """
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from concurrent.futures import Future
+from typing import Callable, Optional, Protocol
 
 import numpy as np
+
+
+class Started:
+    """A forward started without waiting for it (`start_rows`): `done()` says whether it has
+    finished, without blocking; `result()` waits for it and gives `run_rows`'s value. `future` is
+    set where a thread runs it, so an event loop can await it instead of polling `done()`."""
+
+    def __init__(self, done: Callable[[], bool], result: Callable[[], tuple], future: Optional[Future] = None):
+        self.done, self.result, self.future = done, result, future
+
+    @classmethod
+    def on_thread(cls, future: Future) -> "Started":
+        return cls(future.done, future.result, future)
 
 
 class Runner(Protocol):
@@ -26,6 +40,10 @@ class Runner(Protocol):
     def run_rows(self, rows, pad_id: int, pad_to: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
         """The same for token rows (PackedRows): the serving path, which packs them where the runner can
         (else pads them, to at least `pad_to` tokens)."""
+
+    # Optional (torch): `start_rows(rows, pad_id) -> Started`, the same forward without waiting for
+    # it, so the caller's thread tokenizes and decodes meanwhile (in-process pipelining,
+    # cli/inprocess.py). Runners without it (MLX) are called with run_rows only.
 
     def device(self) -> str: ...
     def dtype(self) -> str: ...

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
@@ -16,6 +17,7 @@ from laya_grpc.core.jsonfile import read_json_object
 
 from .devices import torch_dtype
 from .kernel_choice import resolve_kernels, resolve_pack_rows
+from .runner_protocol import Started
 
 log = logging.getLogger("laya_grpc.inference.torch_runner")
 
@@ -47,6 +49,7 @@ class TorchRunner:
         self._dev = torch.device(device)
         self.max_batch_tokens = max_batch_tokens
         self.graphs = None
+        self._thread = None        # start_rows' thread for forwards it cannot queue on the GPU, made on first use
         self.packing = None        # a PackedPlan while rows are packed (packing.py), else padded buckets
         cfg = read_json_object(os.path.join(ckpt_dir, "rl_agent_config.json"))
         parallel = cfg.get("option_layout", "sequential") == "parallel"
@@ -103,11 +106,28 @@ class TorchRunner:
         `pad_to` tokens; packed rows have no padding to round)."""
         if self.packing is None:
             return self.forward(rows.pad(pad_id, pad_to=pad_to))
+        return self._rows_out(rows, [(part, self.graphs.forward(rows.take(part), pad_id))
+                                     for part in self.packing.split(rows)])
+
+    def start_rows(self, rows, pad_id: int) -> Started:
+        """`run_rows` without waiting for it: rows that fit one captured graph are queued on the GPU
+        (the caller's thread is free at once); anything else runs on this runner's own thread
+        (torch releases the GIL in its kernels). In-process callers tokenize and decode meanwhile."""
+        if self.packing is not None and self.graphs.use_graphs:
+            parts = self.packing.split(rows)
+            if len(parts) == 1:
+                started = self.graphs.start(rows, pad_id)
+                return Started(started.done, lambda: self._rows_out(rows, [(parts[0], started.result())]))
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="laya-forward")
+        return Started.on_thread(self._thread.submit(self.run_rows, rows, pad_id))
+
+    def _rows_out(self, rows, parts: list) -> tuple[np.ndarray, np.ndarray]:
+        """run_rows' value from (row range, (logits, act)) of each packed forward."""
         K = max(1, int(rows.marker_counts.max())) if rows.n else 1
         logits = np.full((rows.n, K), -1e4, dtype=np.float32)
         act = np.empty((rows.n, self.n_act), dtype=np.float32)
-        for part in self.packing.split(rows):
-            lg, ac = self.graphs.forward(rows.take(part), pad_id)
+        for part, (lg, ac) in parts:
             k = min(K, lg.shape[1])
             logits[part.start: part.stop, :k] = lg[:, :k]
             act[part.start: part.stop] = ac
@@ -143,6 +163,9 @@ class TorchRunner:
     def close(self) -> None:
         torch = self._torch
         dev = self._dev
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
         if self.graphs is not None:
             self.graphs.close()
             self.graphs = None
