@@ -4,6 +4,11 @@ Prints one JSON line: decisions/s and p50 of `Predictor.predict_batch` over `--s
 bench's short input, then each stage timed alone on the same states: tokenizing (encode, rows packed),
 the forwards (`run_rows` on all rows) and decoding, so the host's share of a batch is visible.
 
+`--timeline 32,64,...` then prints, for each chunk size in rows (`Decider.PIPELINE_ROWS`), the p50 of
+the pipelined call and when each stage of one call ran (ms from its start): every chunk's tokenizing,
+each forward's start (`start_rows`: fill and launch) and every chunk's decoding, so the device's idle
+gaps between chunks can be read off.
+
 Runs against the `laya_grpc` on the path, so two builds compare by running it from each tree:
 
     PYTHONPATH=TREE:TREE/protos/gen python -m benchmarks.batch_speed --ckpt DIR [--states 256]
@@ -32,6 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--states", type=int, default=256)
     p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--timeline", default="", help="comma list of chunk sizes (rows) to trace")
     a = p.parse_args(argv)
     import laya_grpc
     from laya_grpc.bench.inputs import named_cases
@@ -65,8 +71,49 @@ def main(argv=None) -> int:
            "forwards_ms": _median_ms(lambda: pred.runner.run_rows(rows, pred.encoder.pad_id), a.iters),
            "decode_ms": _median_ms(decode, a.iters)}
     print(json.dumps(out), flush=True)
+    for rows_per_chunk in [int(x) for x in a.timeline.split(",") if x]:
+        print(json.dumps(timeline(pred, states, case.questions, rows_per_chunk, a.iters)), flush=True)
     pred.close()
     return 0
+
+
+def timeline(pred, states: list, questions: dict, rows_per_chunk: int, iters: int) -> dict:
+    """The pipelined call with chunks of `rows_per_chunk` rows: its p50, and when each stage ran in
+    the last call (stages wrapped for the measurement, then restored)."""
+    from laya_grpc.gateway import decider
+    services, runner = pred.decider.services, pred.runner
+    spans, t0 = [], [0.0]
+
+    def traced(name, fn, is_async=False):
+        if is_async:
+            async def wrapper(*args, **kw):
+                t = time.perf_counter()
+                out = await fn(*args, **kw)
+                spans.append((name, t - t0[0], time.perf_counter() - t0[0]))
+                return out
+            return wrapper
+
+        def wrapper(*args, **kw):
+            t = time.perf_counter()
+            out = fn(*args, **kw)
+            spans.append((name, t - t0[0], time.perf_counter() - t0[0]))
+            return out
+        return wrapper
+    saved = (services.tokenize, runner.start_rows, decider._decode, decider.PIPELINE_ROWS)
+    services.tokenize = traced("tokenize", saved[0], is_async=True)
+    runner.start_rows = traced("start", saved[1])
+    decider._decode, decider.PIPELINE_ROWS = traced("decode", saved[2]), rows_per_chunk
+    try:
+        times = []
+        for _ in range(iters):
+            spans.clear()
+            t0[0] = time.perf_counter()
+            pred.predict_batch(states, questions)
+            times.append((time.perf_counter() - t0[0]) * 1e3)
+    finally:
+        services.tokenize, runner.start_rows, decider._decode, decider.PIPELINE_ROWS = saved
+    return {"rows_per_chunk": rows_per_chunk, "p50_ms": float(np.median(times)),
+            "spans_ms": [(n, round(a * 1e3, 2), round(b * 1e3, 2)) for n, a, b in sorted(spans, key=lambda s: s[1])]}
 
 
 if __name__ == "__main__":

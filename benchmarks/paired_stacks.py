@@ -5,7 +5,8 @@ cache, a busier neighbour); a paired run alternates one short HTTP request to ea
 on), first A then B, then B then A, so both see the same conditions, and reports each stack's
 p50/p95, the median per-pair time ratio A/B with a bootstrap 95% interval, and each stage of the
 gateway's timing header per stack. `--load S` then runs closed-loop HTTP clients (`--clients`, 64 by
-default) against each stack alone (the other idle) for S seconds, twice, alternating.
+default) against each stack alone (the other idle) for S seconds, twice, alternating. `--batch N`
+pairs `/v1/systemone/batch` requests of N copies of a bench input's state instead (`--case`).
 
     python -m benchmarks.paired_stacks 127.0.0.1:18301 127.0.0.1:18300 [-n 1000] [--load 8 --clients 8,64]
 
@@ -32,8 +33,8 @@ def _post(conn: TimedHTTP) -> tuple:
     return ms, stages
 
 
-def paired(a: str, b: str, n: int, warm: int = 50) -> dict:
-    conns = {"a": TimedHTTP(a, BODY), "b": TimedHTTP(b, BODY)}
+def paired(a: str, b: str, n: int, warm: int = 50, body: dict = BODY, path: str = "/v1/systemone") -> dict:
+    conns = {"a": TimedHTTP(a, body, path), "b": TimedHTTP(b, body, path)}
     for _ in range(warm):
         for c in conns.values():
             _post(c)
@@ -62,8 +63,17 @@ def main(argv=None) -> int:
     p.add_argument("-n", type=int, default=1000, help="request pairs")
     p.add_argument("--load", type=float, default=0.0, help="seconds of load per stack, client count and round (0: none)")
     p.add_argument("--clients", default="64", help="comma list of concurrent clients for --load")
+    p.add_argument("--batch", type=int, default=0, metavar="STATES",
+                   help="pair /v1/systemone/batch requests of this many copies of --case's state instead")
+    p.add_argument("--case", default="short", help="the bench input whose state and questions --batch sends")
     a = p.parse_args(argv)
-    res = paired(a.a, a.b, a.n)
+    if a.batch:
+        from laya_grpc.bench.inputs import named_cases
+        case = next(c for c in named_cases() if c.name == a.case)
+        res = paired(a.a, a.b, a.n, warm=3, path="/v1/systemone/batch",
+                     body={"model": "english", "states": [case.state] * a.batch, "questions": case.questions})
+    else:
+        res = paired(a.a, a.b, a.n)
     print("A p50 %.3f p95 %.3f | B p50 %.3f p95 %.3f | median A/B %.3f (95%% CI %.3f-%.3f), pairs %d" % (
         res["a_p50"], res["a_p95"], res["b_p50"], res["b_p95"], res["ratio_median"], *res["ci"], a.n))
     for k in res["a_stages"]:

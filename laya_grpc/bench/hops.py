@@ -168,16 +168,17 @@ APP_STAGES = ("admission_body", "parse", "route", "tokenizer_hop", "inference_ho
 
 
 class TimedHTTP:
-    """One kept-open connection posting one decision body with `x-laya-timing: 1` and a bare
+    """One kept-open connection posting one body (a decision, or a batch to `path`) with `x-laya-timing: 1` and a bare
     socket (no client library in the timing): `post()` -> (HTTP status, client ms, the gateway's
     stages; empty when the response carries none)."""
 
-    def __init__(self, http: str, body: dict):
+    def __init__(self, http: str, body: dict, path: str = "/v1/systemone"):
         from laya_grpc.core import timing
         host, _, port = http.replace("http://", "").rpartition(":")
         payload = json.dumps(body).encode()
-        self.req = (b"POST /v1/systemone HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s: 1\r\n"
-                    b"Content-Length: %d\r\n\r\n" % (host.encode(), timing.REQUEST_HEADER.encode(), len(payload))) + payload
+        self.req = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s: 1\r\n"
+                    b"Content-Length: %d\r\n\r\n" % (path.encode(), host.encode(), timing.REQUEST_HEADER.encode(),
+                                                     len(payload))) + payload
         self.sock = socket.create_connection((host, int(port)))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 

@@ -117,9 +117,9 @@ class Decider:
         once: while the network runs chunk k, chunk k+1 is tokenized and chunk k-1 decoded.
 
         Why: done one after the other, the host's tokenizing and decoding leave the device idle
-        (docs/performance.md gives their share of a 256-state `predict_batch`). One infer call is in flight
-        at a time, as before, so a large request still takes the device in turns with others
-        (coalesce.py), and results keep input order."""
+        (docs/performance.md gives their share of a 256-state `predict_batch`). One infer call is
+        in flight at a time, so a large request still takes the device in turns with others
+        (coalesce.py); results keep input order."""
         results: list[dict[str, Any]] = []
         tok = asyncio.ensure_future(self._tokenize(checkpoint, chunks[0], questions, max_len, head_max_len))
         inf = None
@@ -128,7 +128,7 @@ class Decider:
             for k in range(len(chunks)):
                 encoded = await tok
                 inf = asyncio.ensure_future(self._infer(checkpoint, encoded))
-                await asyncio.sleep(0)   # the forward starts (is sent, or handed to the device thread) first
+                await asyncio.sleep(0)   # the forward starts first (sent, or queued on the device)
                 if k + 1 < len(chunks):
                     tok = asyncio.ensure_future(self._tokenize(checkpoint, chunks[k + 1], questions, max_len,
                                                                head_max_len))
