@@ -23,12 +23,8 @@ import numpy as np
 
 
 def _median_ms(fn, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
+    from laya_grpc.bench.inproc import time_calls
+    return float(np.median(time_calls(fn, n))) * 1e3
 
 
 def main(argv=None) -> int:

@@ -4,7 +4,7 @@ forward at a time, and the answers are the ones each chunk gets alone, in input 
 
 The services are the real in-process ones (tokenizer and tiny network on CPU, where a started
 forward runs on the runner's thread), with each call's start and end recorded on its way through.
-The GPU's form of `start_rows` (queued on the stream) is covered in tests/test_row_packing.py."""
+The GPU's form of `start_rows` (queued on the stream) is checked on a GPU by benchmarks/cuda_check.py."""
 from __future__ import annotations
 
 import asyncio
