@@ -24,12 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import time
 
 import grpc
 import numpy as np
 
+from laya_grpc.bench import raw_http
 from laya_grpc.core import rpc
 from laya_grpc.core.questions import parse_questions
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
@@ -39,29 +39,14 @@ STATE = "My phone arrived broken and I want my money back today."
 QUESTIONS = {"angry": {"type": "noul", "instructions": "Is the customer angry?"}}
 
 
-class RawHTTP:
-    """One keep-alive connection, minimal client cost (no http.client parsing)."""
-
-    def __init__(self, address: str, path: str, body: bytes):
-        host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.req = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                    % (path.encode(), address.encode(), len(body))) + body
+class RawHTTP(raw_http.Connection):
+    """One keep-alive connection, minimal client cost (no client library): `post()` -> the body of a 200."""
 
     def post(self) -> bytes:
-        self.sock.sendall(self.req)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            buf += self.sock.recv(65536)
-        head, _, rest = buf.partition(b"\r\n\r\n")
-        length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:")))
-        while len(rest) < length:
-            rest += self.sock.recv(65536)
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(head + rest)
-        return rest
+        status, _, body, _ = super().post()
+        if status != 200:
+            raise RuntimeError("HTTP %d: %s" % (status, body[:500]))
+        return body
 
 
 def pct(xs, q):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import time
 from laya_grpc.core import ipc, rpc, streams
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc, tokens_pb2
 
+from . import raw_http
 from .stats import summary_ms
 
 TRANSPORTS = ("grpc", "ipc")
@@ -174,30 +174,15 @@ class TimedHTTP:
 
     def __init__(self, http: str, body: dict, path: str = "/v1/systemone"):
         from laya_grpc.core import timing
-        host, _, port = http.replace("http://", "").rpartition(":")
-        payload = json.dumps(body).encode()
-        self.req = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s: 1\r\n"
-                    b"Content-Length: %d\r\n\r\n" % (path.encode(), host.encode(), timing.REQUEST_HEADER.encode(),
-                                                     len(payload))) + payload
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conn = raw_http.Connection(http, path, json.dumps(body).encode(), [(timing.REQUEST_HEADER, "1")])
 
     def post(self) -> tuple:
         from laya_grpc.core import timing
-        t0 = time.perf_counter()
-        self.sock.sendall(self.req)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            buf += self.sock.recv(65536)
-        head, _, rest = buf.partition(b"\r\n\r\n")
-        fields = {a.strip().lower(): b.strip() for a, _, b in (x.partition(b":") for x in head.split(b"\r\n")[1:])}
-        while len(rest) < int(fields.get(b"content-length", b"0")):
-            rest += self.sock.recv(65536)
-        total = (time.perf_counter() - t0) * 1e3
-        return int(head.split(b" ", 2)[1]), total, timing.parse(fields[b"x-laya-timing"].decode()) if b"x-laya-timing" in fields else {}
+        status, fields, _, total = self.conn.post()
+        return status, total, timing.parse(fields[b"x-laya-timing"].decode()) if b"x-laya-timing" in fields else {}
 
     def close(self) -> None:
-        self.sock.close()
+        self.conn.close()
 
 
 def http_breakdown(http: str, body: dict, n: int, warm: int = 5) -> dict:

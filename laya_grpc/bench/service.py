@@ -19,7 +19,7 @@ import urllib.request
 
 import numpy as np
 
-from . import hops
+from . import hops, raw_http
 from .inputs import Case, named_cases, random_cases
 from .stats import paired_ratio, summary_ms
 
@@ -264,33 +264,19 @@ def sequential(kind: str, addr: str, case: Case, model: str, n: int) -> list:
 def _raw_post(address: str, path: str, body: bytes):
     """One HTTP/1.1 POST over a NEW connection with a bare socket (no client library warm-up in
     the timing): (ms, status, x-inference-time-ms, the open socket for more requests)."""
-    host, _, port = address.replace("http://", "").rpartition(":")
-    req = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-           % (path.encode(), host.encode(), len(body))) + body
+    req = raw_http.post_bytes(address, path, body)
     t = time.perf_counter()
-    sock = socket.create_connection((host, int(port)))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock = raw_http.connect(address)
     ms, status, server_ms = _raw_exchange(sock, req, t)
     return ms, status, server_ms, sock, req
 
 
 def _raw_exchange(sock, req: bytes, t: float):
-    sock.sendall(req)
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed by the server")
-        buf += chunk
-    head, _, rest = buf.partition(b"\r\n\r\n")
-    fields = dict(line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line)
-    fields = {k.strip().lower(): v.strip() for k, v in fields.items()}
-    length = int(fields.get(b"content-length", b"0"))
-    while len(rest) < length:
-        rest += sock.recv(65536)
+    """(ms since `t`, status, the response's x-inference-time-ms or None) for one more request."""
+    status, fields, _ = raw_http.exchange(sock, req)
     ms = (time.perf_counter() - t) * 1e3
     server = fields.get(b"x-inference-time-ms")
-    return ms, int(head.split(b" ", 2)[1]), float(server) if server else None
+    return ms, status, float(server) if server else None
 
 
 def first_requests(s: "Served", case: Case, model: str, warm_n: int = 50) -> dict:

@@ -219,7 +219,9 @@ class Batcher:
 
     def _merge(self, first: _Job, max_cost: int) -> list:
         """`first` and the queued jobs of its checkpoint that fit one forward of at most `max_cost`
-        (and the turn), in queue order; the others stay queued. Under the lock."""
+        (and the turn), in queue order; the others stay queued. Under the lock. Cancelled jobs
+        behind `first` leave the queue here; `first` itself is always returned (an empty list is
+        `_take`'s stop signal), so the callers drop it if its caller has gone."""
         cost = self._cost(first.checkpoint)
         jobs, rows = [first], first.rows.n
         longest, total = int(first.rows.lengths.max()), len(first.rows.ids)
