@@ -317,3 +317,47 @@ def test_a_stale_socket_file_is_replaced_and_a_live_one_refused(tmp_path):
             await mux.close()
             await server.close()
     asyncio.run(main())
+
+
+def test_replicas_keep_a_lone_caller_on_one_and_spread_calls_in_flight(tmp_path):
+    """The gateway's IPC replicas (gateway/remote.py, IpcReplicas): one call at a time always goes to
+    the first replica of the list (the others stay idle, not woken in turn); calls in flight together
+    go to different replicas; once the first stops listening its calls are retried on the other."""
+    from laya_grpc.gateway.remote import IpcReplicas
+    from laya_proto.v1 import tokens_pb2
+    seen: dict = {0: [], 1: []}
+    gate = asyncio.Event()
+
+    def handler(k):
+        async def handle(request):
+            seen[k].append(request.checkpoint)
+            if request.checkpoint.startswith("hold"):
+                await gate.wait()
+            return inference_pb2.InferResponse(device=str(k))
+        return handle
+
+    async def main():
+        endpoints = ["ipc://" + str(tmp_path / ("replica-%d.ipc" % k)) for k in range(2)]
+        servers = [ipc.IpcServer(e, handler(k), inference_pb2.InferCall, inference_pb2.InferReply, tokens_pb2.CallError,
+                                 "Infer").start() for k, e in enumerate(endpoints)]
+        links = [ipc.Link.parse(ipc.address(e, "unix:" + str(tmp_path / "unused.sock"))) for e in endpoints]
+        replicas = IpcReplicas(links, [], inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        try:
+            for n in range(6):
+                assert (await replicas.call(inference_pb2.InferRequest(checkpoint="one-%d" % n), 5)).device == "0"
+            assert seen == {0: ["one-%d" % n for n in range(6)], 1: []}, seen
+            held = [asyncio.ensure_future(replicas.call(inference_pb2.InferRequest(checkpoint="hold-%d" % n), 5))
+                    for n in range(2)]
+            t0 = time.monotonic()
+            while len(seen[0]) + len(seen[1]) < 8 and time.monotonic() - t0 < 5:
+                await asyncio.sleep(0.01)
+            gate.set()
+            assert sorted(r.device for r in await asyncio.gather(*held)) == ["0", "1"]
+            assert seen[0][-1] == "hold-0" and seen[1] == ["hold-1"], seen
+            await servers[0].close()
+            assert (await replicas.call(inference_pb2.InferRequest(checkpoint="after"), 5)).device == "1"
+        finally:
+            await replicas.close()
+            for s in servers:
+                await s.close()
+    asyncio.run(main())

@@ -93,14 +93,24 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
         inference.append("--no-warmup")
     for name, inf, device in zip(names, infs, devices):
         children.append(Child(name, inference + ["--listen", inf, "--device", device] + local_ipc(args, run_dir, name)[0]))
-    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc,
-               "--inference", ",".join(local_ipc(args, run_dir, n)[1] or i for n, i in zip(names, infs))] + ck + grace
-    for i, t in enumerate(toks):
-        gw += ["--tokenizer", local_ipc(args, run_dir, "tokenizer-%d" % i)[1] or t]
+    inf_addrs = [local_ipc(args, run_dir, n)[1] or i for n, i in zip(names, infs)]
+    tok_addrs = [local_ipc(args, run_dir, "tokenizer-%d" % i)[1] or t for i, t in enumerate(toks)]
+    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc] + ck + grace
     if n_gw > 1:
         gw.append("--reuse-port")
-    children += [Child("gateway-%d" % i, gw + ["--control", control_address(run_dir, i)]) for i in range(n_gw)]
+    for k in range(n_gw):
+        # a gateway calls the first idle backend of its list (gateway/remote.py, IpcReplicas):
+        # each worker gets the lists rotated by its index, so their first choices differ
+        argv = gw + ["--inference", ",".join(_rotated(inf_addrs, k))]
+        for t in _rotated(tok_addrs, k):
+            argv += ["--tokenizer", t]
+        children.append(Child("gateway-%d" % k, argv + ["--control", control_address(run_dir, k)]))
     return children
+
+
+def _rotated(items: list, k: int) -> list:
+    k %= len(items)
+    return items[k:] + items[:k]
 
 
 def local_ipc(args: argparse.Namespace, run_dir: str, name: str) -> tuple:

@@ -101,40 +101,48 @@ def _watched(target: BackendTarget, links: list, flag: str) -> BackendTarget:
 
 
 class IpcReplicas:
-    """Calls over IPC (unix sockets) to one or more replicas of a backend: they take turns among those
-    whose health reports SERVING (all of them when none does, so the error names the cause), and a
-    call refused as unavailable or busy is tried once more on another serving replica, as the gRPC
-    balanced channel does (balancing.py)."""
+    """Calls over IPC (unix sockets) to one or more replicas of a backend. A call goes to the first
+    replica in list order that reports SERVING and has no call of this gateway in flight, else to the
+    serving one with the fewest (all of them count when none is serving, so the error names the
+    cause). A call refused as unavailable or busy is tried once more on another serving replica, as
+    the gRPC balanced channel does (balancing.py).
+
+    Why first-idle rather than taking turns: a lone stream of requests then stays on one process,
+    whose caches, allocator and threads stay warm, instead of waking each of n idle processes in
+    turn (docs/performance.md, Local transports); concurrent calls still spread over all of them.
+    `serve` hands each gateway worker the list rotated by its index, so the workers' first choices
+    differ."""
 
     def __init__(self, links: list, backends: list, call_cls, reply_cls, what: str):
         self._muxes = [ipc.IpcMux(link.ipc, call_cls, reply_cls, what) for link in links]
         # parse_target keeps the order of unix endpoints, so backend i watches link i
         self._backends = backends if len(backends) == len(links) else [None] * len(links)
-        self._next = 0
+        self._inflight = [0] * len(links)
 
     def _pick(self, skip: int = -1) -> int:
         n = len(self._muxes)
-        for k in range(n):
-            i = (self._next + k) % n
-            b = self._backends[i]
-            if i != skip and (b is None or b.serving):
-                self._next = i + 1
-                return i
-        i = self._next % n
-        self._next = i + 1
-        return i
+        others = [i for i in range(n) if i != skip] or list(range(n))
+        serving = [i for i in others if self._backends[i] is None or self._backends[i].serving]
+        return min(serving or others, key=self._inflight.__getitem__)   # min keeps list order on ties
 
     async def call(self, request, timeout: Optional[float] = None):
         i = self._pick()
         try:
-            return await self._muxes[i].call(request, timeout)
+            return await self._call_on(i, request, timeout)
         except LayaError as e:
             if e.kind is not Kind.BUSY or len(self._muxes) == 1:
                 raise
             j = self._pick(skip=i)
             if j == i:
                 raise
-            return await self._muxes[j].call(request, timeout)
+            return await self._call_on(j, request, timeout)
+
+    async def _call_on(self, i: int, request, timeout: Optional[float]):
+        self._inflight[i] += 1
+        try:
+            return await self._muxes[i].call(request, timeout)
+        finally:
+            self._inflight[i] -= 1
 
     async def close(self) -> None:
         for m in self._muxes:

@@ -22,8 +22,9 @@ WARMUP_QUESTIONS = {"c": {"type": "choice", "instructions": "warm-up", "criteria
 async def warm_up(app, checkpoints: list, api_key, n_tokenizers: int = 1) -> str:
     """Requests through the HTTP app itself (auth, body, parse, routing, tokenizer, inference,
     decode, render): one per warm checkpoint plus one auto-routed, each sent once to every tokenizer
-    worker (requests go round-robin over them, so n consecutive ones reach all n). Failures are
-    logged, not fatal. Returns what was done, for the status stream."""
+    worker (the n copies go at once: a call goes to the first idle worker, so n calls in flight
+    together reach all n). Failures are logged, not fatal. Returns what was done, for the status
+    stream."""
     t0 = time.perf_counter()
     headers = [(b"content-type", b"application/json")]
     if api_key:
@@ -34,9 +35,10 @@ async def warm_up(app, checkpoints: list, api_key, n_tokenizers: int = 1) -> str
     for extra in bodies:
         body = json.dumps(dict({"state": "A short warm-up text for the gateway.", "questions": WARMUP_QUESTIONS},
                                **extra)).encode()
-        for _ in range(n_tok):
-            n_http += 1   # its request id says what it is in the access log and traces
-            status = await _asgi_post(app, "/v1/systemone", body, headers + [(b"x-request-id", b"warmup-%d" % n_http)])
+        ids = range(n_http + 1, n_http + n_tok + 1)   # a request id says what it is in the access log and traces
+        n_http += n_tok
+        for status in await asyncio.gather(*(_asgi_post(app, "/v1/systemone", body,
+                                                        headers + [(b"x-request-id", b"warmup-%d" % i)]) for i in ids)):
             n_ok += status == 200
             if status != 200:
                 log.warning("warm-up request %s answered %d", extra or "(auto-routed)", status)
