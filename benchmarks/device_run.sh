@@ -8,8 +8,10 @@
 #          TRANSPORTS=grpc,ipc runs the service stage once per local transport (per-hop table each);
 #          STAGES=...,replicas adds serve --inference-replicas N on the one GPU for N in REPLICAS (default 1,2),
 #          at 8 and 64 HTTP clients: decisions/s and p95 side by side
-#   precision  accuracy and time per float32 part of the fused forward (benchmarks/precision_study.py)
-#   parity  the served path against upstream CPU fp32, per served dtype (laya_grpc/bench/parity.py)
+#   precision  accuracy and time per float32 part of the fused forward (benchmarks/precision_study.py), on the
+#          large checkpoint and the conditionings in STUDY_CKPTS (default: sharp,heavy); ONLY= limits the variants
+#   parity  the served path against upstream CPU fp32, per served dtype (laya_grpc/bench/parity.py), on the
+#          stage's checkpoints: large in the conditionings of CONDITIONINGS (default: default,flat,sharp,heavy)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/protos/gen PYTHONUNBUFFERED=1
@@ -21,13 +23,21 @@ case ",$PHASES," in *,check,*)
   python3 -m benchmarks.cuda_check --work-dir /tmp/ck 2>&1 | tee $OUT/cuda_check.txt
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "cuda_check failed: stopping"; exit 1; } ;;
 esac
+case ",$PHASES," in *,precision,*|*,parity,*)   # the stage's checkpoints, made side by side
+  python3 -c "
+import sys; from concurrent.futures import ProcessPoolExecutor as P; from laya_grpc.bench.parity import stage_checkpoints
+with P(4) as ex: print(list(ex.map(stage_checkpoints, ['/tmp/lb'] * 4, ['large'] * 4, [[c] for c in sys.argv[1].split(',')])))
+" ${CONDITIONINGS:-default,flat,sharp,heavy} ;;
+esac
 case ",$PHASES," in *,precision,*)
-  timeout ${PRECISION_TIMEOUT:-300} python3 -m benchmarks.precision_study --ckpt /tmp/lb/large --out $OUT \
-    --iters ${ITERS:-100} 2>&1 | grep -v '^{' | tee $OUT/precision_study.txt ;;
+  CK="--ckpt large=/tmp/lb/large"; for c in $(echo ${STUDY_CKPTS:-sharp,heavy} | tr , ' '); do CK="$CK --ckpt $c=/tmp/lb/large-$c"; done
+  timeout ${PRECISION_TIMEOUT:-300} python3 -m benchmarks.precision_study $CK --out $OUT \
+    --iters ${ITERS:-100} ${ONLY:+--only "$ONLY"} 2>&1 | grep -v '^{' | tee $OUT/precision_study.txt ;;
 esac
 case ",$PHASES," in *,parity,*)
-  timeout ${PARITY_TIMEOUT:-300} python3 -m laya_grpc.bench.parity --ckpt /tmp/lb/large --dtypes ${DTYPES:-auto,float32} \
-    --out $OUT/parity.jsonl 2>&1 | tail -c 6000 ;;
+  timeout ${PARITY_TIMEOUT:-300} python3 -m laya_grpc.bench.parity --work-dir /tmp/lb --preset large \
+    --conditionings ${CONDITIONINGS:-default,flat,sharp,heavy} --dtypes ${DTYPES:-auto,float32} \
+    --latency-n ${LATENCY_N:-50} --out $OUT/parity.jsonl 2>&1 | grep -v '"kind": "parity_served' | tail -c 6000 ;;
 esac
 case ",$PHASES," in *,wakeup,*)
   python3 -m benchmarks.wakeup -n ${WAKEUP_N:-2000} 2>&1 | tee $OUT/wakeup.txt ;;

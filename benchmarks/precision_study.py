@@ -11,6 +11,11 @@ through split GEMMs, scorer and act head float32), and the product. Float32 weig
 `before` (plain fp32 cuBLAS, no TF32, "ieee" attention dots), TF32 GEMMs (for comparison, not
 served), and the product (split fp16 GEMMs, 3xTF32 attention).
 
+Probabilities are softmax(logits / T) with the checkpoint's temperature for the row's question type
+and option count, as decoding serves them. `--ckpt` is repeatable (`NAME=DIR`): the variants run on
+each checkpoint (make-checkpoint's conditionings span flat to sharp logits); times are taken on the
+first only (weights do not change them).
+
 `python -m benchmarks.precision_study --ckpt DIR --out DIR` (makes `large` in DIR if missing);
 writes precision_study.jsonl and prints a table last.
 """
@@ -40,6 +45,7 @@ def variants(torch):
         ("fp16 +head fp32", f16, Precision(f16, f16, True, False, True), {}),
         ("fp16 +fp32 split-K", f16, Precision(f16, f16, False, False, False), s16),
         ("fp16 residual+Wo", f16, Precision(f32, f32, False, False, True), s16),
+        ("fp16 16-bit head", f16, Precision(f32, f32, False, False), {}),
         ("fp16 product", f16, Precision.for_weights(f16, "cuda"), {}),
         ("fp32 before", f32, Precision(f32, f32, False, False), {"dot": "ieee"}),
         ("fp32 tf32", f32, Precision(f32, f32, False, False), {"dot": "tf32", "tf32": True}),
@@ -60,7 +66,7 @@ def head_dtype(model, head, scorer) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.precision_study")
-    p.add_argument("--ckpt", required=True)
+    p.add_argument("--ckpt", action="append", required=True, metavar="[NAME=]DIR")
     p.add_argument("--out", required=True)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--parity-batches", type=int, default=4)
@@ -68,18 +74,38 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     rec = Out(os.path.join(a.out, "precision_study.jsonl"))
-    ensure_large(a.ckpt, rec)
+    ckpts = [tuple(c.split("=", 1)) if "=" in c else ("large", c) for c in a.ckpt]
+    ensure_large(ckpts[0][1], rec)
     import torch
+    dev = torch.device("cuda:0")
+    rec("env", torch=torch.__version__, gpu=torch.cuda.get_device_name())
+    table = []
+    for n, (cname, ckpt) in enumerate(ckpts):
+        table += study(a, rec, torch, dev, cname, ckpt, timing=n == 0)
+    print("\n%-8s %-22s %9s %9s %9s | %s" % ("ckpt", "variant", "max|dp|", "act dp", "alone/bes",
+                                              " | ".join("%s replay/host ms" % t for t in TIMED)))
+    for r in table:
+        print("%-8s %-22s %9.5f %9.5f %9.5f | %s" % (
+            r["checkpoint"], r["name"], r["max_abs_dp"], r["max_abs_dp_act"], r["alone_vs_beside_dp"],
+            " | ".join("%6.3f / %6.3f" % (r["times"][t]["replay_ms"], r["times"][t]["host_p50_ms"])
+                       if t in r["times"] else "-" for t in TIMED)))
+    return 0
+
+
+def study(a, rec, torch, dev, cname: str, ckpt: str, timing: bool) -> list:
+    """The variants on one checkpoint: a record per variant."""
+    import json
+    from laya_grpc.core.temperatures import Temperatures
     from laya_grpc.inference import cuda_attention as ca
     from laya_grpc.inference.cuda_graphs import PackedForward
     from laya_grpc.inference.packing import PackedPlan, rows_from_padded
     from laya_grpc.inference.precision import apply_cublas_policy
     from laya_grpc.inference.torch_model import LayaTorch
-    dev = torch.device("cuda:0")
-    rec("env", torch=torch.__version__, gpu=torch.cuda.get_device_name())
+    with open(os.path.join(ckpt, "rl_agent_config.json"), encoding="utf-8") as f:
+        temps = Temperatures.from_config(json.load(f))
 
     # parity rows: mixed lengths in batches of 8 (one 512), and each batch's rows alone
-    cpu = LayaTorch.from_checkpoint(a.ckpt, "cpu", torch.float32)
+    cpu = LayaTorch.from_checkpoint(ckpt, "cpu", torch.float32)
     vocab = cpu.spec.vocab_size
     rng = np.random.default_rng(7)
     batches = []
@@ -95,7 +121,7 @@ def main(argv=None) -> int:
             tb = {k: torch.from_numpy(v) for k, v in b.items()}
             lg, act = cpu(tb["input_ids"], tb["attention_mask"], tb["marker_pos"], tb["marker_mask"], tb["qtype"])
             refs.append((lg.numpy(), act.numpy()))
-    rec("cpu_reference", s=time.perf_counter() - t, rows=8 * len(batches))
+    rec("cpu_reference", checkpoint=cname, s=time.perf_counter() - t, rows=8 * len(batches))
     del cpu
     packed = [rows_from_padded(b) for b in batches]
     timed = {name: rows_from_padded(rows(L, k, vocab, seed=len(L))) for name, (L, k) in TIMED.items()}
@@ -110,7 +136,7 @@ def main(argv=None) -> int:
             continue
         try:
             if dtype not in models:
-                models[dtype] = LayaTorch.from_checkpoint(a.ckpt, "cuda", dtype)
+                models[dtype] = LayaTorch.from_checkpoint(ckpt, "cuda", dtype)
             model = models[dtype]
             f32 = torch.float32
             head_dtype(model, f32 if prec.split_head else dtype, dtype if opt.get("scorer16") else f32)
@@ -126,13 +152,14 @@ def main(argv=None) -> int:
                 K = pr.marker_counts
                 for i in range(pr.n):
                     k = int(K[i])
-                    p = softmax(lg[i, :k])
-                    worst = max(worst, float(np.abs(p - softmax(lr[i, :k])).max()))
+                    tq = temps.for_question(int(pr.qtypes[i]), k)
+                    p = softmax(lg[i, :k] / tq)
+                    worst = max(worst, float(np.abs(p - softmax(lr[i, :k] / tq)).max()))
                     worst_act = max(worst_act, float(np.abs(softmax(act[i]) - softmax(ar[i])).max()))
                     alone, _ = pf.forward(pr.take([i]), 0)
-                    shift = max(shift, float(np.abs(softmax(alone[0, :k]) - p).max()))
+                    shift = max(shift, float(np.abs(softmax(alone[0, :k] / tq) - p).max()))
             times = {}
-            for tname, tr in timed.items():
+            for tname, tr in (timed.items() if timing else ()):
                 pf.forward(tr, 0)
                 b = plan.bucket(tr.n, len(tr.ids), int(tr.marker_counts.max()))
                 g = pf.cache.get(b).graph
@@ -142,26 +169,21 @@ def main(argv=None) -> int:
                     pf.forward(tr, 0)
                     host.append((time.perf_counter() - t0) * 1e3)
                 times[tname] = {"replay_ms": replay_ms(torch, g, a.iters), "host_p50_ms": float(np.median(host))}
-            r = rec("variant", name=name, dtype=str(dtype)[6:], precision=repr(prec), options=opt,
+            r = rec("variant", checkpoint=cname, name=name, dtype=str(dtype)[6:], precision=repr(prec), options=opt,
                     max_abs_dp=worst, max_abs_dp_act=worst_act, alone_vs_beside_dp=shift, times=times)
             table.append(r)
             pf.close()
         except Exception as ex:  # a failing variant is a finding; the others still run
             import traceback
-            rec("error", name=name, error=traceback.format_exc()[-1500:])
+            rec("error", checkpoint=cname, name=name, error=traceback.format_exc()[-1500:])
         finally:
             ca.dot_precision = real_dot
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.cuda.empty_cache()
 
-    print("\n%-22s %9s %9s %9s | %s" % ("variant", "max|dp|", "act dp", "alone/bes",
-                                         " | ".join("%s replay/host ms" % t for t in TIMED)))
-    for r in table:
-        print("%-22s %9.5f %9.5f %9.5f | %s" % (r["name"], r["max_abs_dp"], r["max_abs_dp_act"], r["alone_vs_beside_dp"],
-                                                 " | ".join("%6.3f / %6.3f" % (r["times"][t]["replay_ms"],
-                                                                               r["times"][t]["host_p50_ms"])
-                                                            for t in TIMED)))
-    return 0
+    del models
+    torch.cuda.empty_cache()
+    return table
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@ and conversation states; lengths up to the checkpoint's max_len (long states tru
 the same questions alone and beside others (the answer must not depend on its neighbours, which
 change the GEMM shapes it runs in). Tolerances are recorded before the first request
 (`parity_served_declared`), per served dtype; the result names the worst body and field.
+
+The stage runs on several checkpoints of one shape that span conditioning (make-checkpoint's
+conditionings: default, flat, sharp, heavy: option logits from near-uniform to sharp, temperatures
+down to upstream's 0.5 clamp, normal, uniform and Laplace weights), since 16-bit rounding errors
+grow with the logits' scale: one checkpoint passing says little about another. Each result names
+its checkpoint and its worst body; a summary line per checkpoint and dtype comes last.
 """
 from __future__ import annotations
 
@@ -142,13 +148,41 @@ def upstream_answers(ckpt: str, bodies: list) -> dict:
     return {name: json.loads(json.dumps(agent.predict(b["state"], b["questions"]))) for name, b in bodies}
 
 
-def run_parity(a, rec, ckpt: str, model: str, reference: dict | None = None, latency_n: int = 50) -> tuple:
+STAGE_CONDITIONINGS = ("default", "flat", "sharp", "heavy")
+
+
+def stage_checkpoints(work_dir: str, preset: str, conditionings=STAGE_CONDITIONINGS) -> list[tuple[str, str]]:
+    """(name, path) of the stage's checkpoints of `preset`, made in work_dir where missing: the
+    default conditioning at work_dir/preset (the checkpoint the other stages use), the others at
+    work_dir/preset-conditioning."""
+    import os
+    from laya_grpc.cli.make_checkpoint import make_checkpoint
+    out = []
+    for c in conditionings:
+        path = os.path.join(work_dir, preset if c == "default" else "%s-%s" % (preset, c))
+        if not os.path.isfile(os.path.join(path, "model.safetensors")):
+            make_checkpoint(path, preset, conditioning=c, force=True)
+        out.append((c, path))
+    return out
+
+
+def served_dtype(dtype: str, device: str) -> str:
+    """What `--dtype auto` serves on `device` (inference/devices.py: torch_dtype)."""
+    if dtype != "auto":
+        return dtype
+    from laya_grpc.inference.devices import AUTO_DTYPE
+    return AUTO_DTYPE.get(device.split(":")[0], "float32")
+
+
+def run_parity(a, rec, ckpt: str, model: str, reference: dict | None = None, latency_n: int = 50,
+               checkpoint: str = "") -> tuple:
     """One served dtype (a.dtype) against upstream CPU float32 on the declared set; returns (the
-    reference answers, so a second dtype reuses them; whether it passed)."""
+    reference answers, so a second dtype reuses them; the result record)."""
     bodies = declared_bodies()
-    dtype = a.dtype if a.dtype != "auto" else ("float32" if a.device == "cpu" else "float16")
+    dtype = served_dtype(a.dtype, a.device)
     tol = 0.0 if a.device == "cpu" and dtype == "float32" else TOL[dtype]
-    rec("parity", "parity_served_declared", dtype=dtype, device=a.device, tol_dp=tol,
+    rec("parity", "parity_served_declared", checkpoint=checkpoint, dtype=dtype, requested=a.dtype, device=a.device,
+        tol_dp=tol,
         tol_alone_vs_beside=TOL_ALONE_VS_BESIDE, bodies=len(bodies), reference="upstream laya cpu float32",
         fields="every float under answers; choice flips with upstream's top-2 margin")
     extra = ["--backend", a.backend, "--dtype", a.dtype] + (["--device", a.device] if a.device != "auto" else [])
@@ -185,23 +219,57 @@ def run_parity(a, rec, ckpt: str, model: str, reference: dict | None = None, lat
             body = dict(next(b for n, b in bodies if n == name), model=model)
             ms = sorted(_post(s.http_port, body)[2] for _ in range(latency_n))
             lat[name] = {"p50_ms": ms[len(ms) // 2], "p90_ms": ms[int(len(ms) * 0.9)], "input_tokens": tokens[name]}
-        result = dict(dtype=dtype, bodies=len(bodies), max_abs_dp=worst["dp"], worst_body=worst["body"],
+        result = dict(checkpoint=checkpoint, dtype=dtype, requested=a.dtype, bodies=len(bodies), max_abs_dp=worst["dp"], worst_body=worst["body"],
                       worst_field=worst["field"], per_kind=per_kind, choice_flips=flips,
                       alone_vs_beside_max_dp=shift, alone_vs_beside_at=shift_at,
                       max_usage_input_tokens=max(t for t in tokens.values() if t is not None), latency=lat,
                       passed=bool(worst["dp"] <= tol and shift <= TOL_ALONE_VS_BESIDE))
         rec("parity", "parity_served", **result)
-        return ref, result["passed"]
+        return ref, result
     finally:
         s.close()
 
 
+def run_stage(a, rec, checkpoints: list[tuple[str, str]], dtypes: list[str], model: str = "english",
+              latency_n: int = 50) -> bool:
+    """Every dtype on every checkpoint (upstream's reference computed once per checkpoint); a
+    `parity_summary` record per checkpoint and dtype last. True when all passed."""
+    ok, rows = True, []
+    for name, path in checkpoints:
+        ref = None
+        for dtype in dtypes:
+            a.dtype = dtype
+            t = time.perf_counter()
+            try:
+                ref, r = run_parity(a, rec, path, model, ref, latency_n, checkpoint=name)
+                rows.append(r)
+            except Exception as e:  # noqa: BLE001 - recorded; the next dtype still runs
+                rec("parity", "error", checkpoint=name, dtype=dtype, detail="%s: %s" % (type(e).__name__, e))
+                r = {"checkpoint": name, "dtype": dtype, "requested": dtype, "passed": False, "error": str(e)[:300]}
+                rows.append(r)
+            ok = ok and r["passed"]
+            rec("parity", "process", checkpoint=name, dtype=dtype, seconds=time.perf_counter() - t)
+    for r in rows:
+        lat = r.get("latency", {})
+        rec("parity", "parity_summary", checkpoint=r["checkpoint"], requested=r["requested"], dtype=r["dtype"],
+            max_abs_dp=r.get("max_abs_dp"), worst_body=r.get("worst_body"), worst_field=r.get("worst_field"),
+            alone_vs_beside_max_dp=r.get("alone_vs_beside_max_dp"), flips=len(r.get("choice_flips", [])),
+            p50_short_ms=lat.get("choice2-short", {}).get("p50_ms"), p50_512_ms=lat.get("choice5-long", {}).get("p50_ms"),
+            passed=r["passed"])
+    return ok
+
+
 def main(argv=None) -> int:
     """`python -m laya_grpc.bench.parity --ckpt DIR --dtypes auto,float32 --out FILE`: the stage for
-    several served dtypes in one call, upstream's reference computed once."""
+    several served dtypes in one call, upstream's reference computed once per checkpoint;
+    `--work-dir DIR --preset large` runs it on the stage's conditionings of that preset instead."""
     import argparse
     p = argparse.ArgumentParser(prog="python -m laya_grpc.bench.parity")
-    p.add_argument("--ckpt", required=True)
+    p.add_argument("--ckpt", action="append", default=[], metavar="[NAME=]DIR",
+                   help="a checkpoint (repeatable); default: the stage's conditionings made in --work-dir")
+    p.add_argument("--work-dir", help="where the stage's checkpoints are made (with --preset)")
+    p.add_argument("--preset", default="large")
+    p.add_argument("--conditionings", default=",".join(STAGE_CONDITIONINGS))
     p.add_argument("--dtypes", default="auto")
     p.add_argument("--device", default="auto")
     p.add_argument("--backend", default="torch")
@@ -219,17 +287,13 @@ def main(argv=None) -> int:
             f.write(line + "\n")
         print(line, flush=True)
 
-    ref, ok = None, True
-    for dtype in a.dtypes.split(","):
-        a.dtype = dtype
-        t = time.perf_counter()
-        try:
-            ref, passed = run_parity(a, rec, a.ckpt, "english", ref, a.latency_n)
-        except Exception as e:  # noqa: BLE001 - recorded; the next dtype still runs
-            rec("parity", "error", dtype=dtype, detail="%s: %s" % (type(e).__name__, e))
-            passed = False
-        ok = ok and passed
-        rec("parity", "process", dtype=dtype, seconds=time.perf_counter() - t)
+    if a.ckpt:
+        ckpts = [tuple(c.split("=", 1)) if "=" in c else (c.rstrip("/").rsplit("/", 1)[-1], c) for c in a.ckpt]
+    elif a.work_dir:
+        ckpts = stage_checkpoints(a.work_dir, a.preset, [c for c in a.conditionings.split(",") if c])
+    else:
+        p.error("give --ckpt or --work-dir")
+    ok = run_stage(a, rec, ckpts, [d for d in a.dtypes.split(",") if d], latency_n=a.latency_n)
     return 0 if ok else 1
 
 

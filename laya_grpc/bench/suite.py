@@ -140,8 +140,8 @@ def run(a) -> int:
     for st in stages:
         if st == "parity":            # the served path against upstream CPU fp32 (parity.py)
             try:
-                from .parity import run_parity
-                if not run_parity(a, rec, ckpt, "english")[1]:
+                from .parity import run_stage, stage_checkpoints
+                if not run_stage(a, rec, stage_checkpoints(a.work_dir, a.preset), [a.dtype]):
                     failed.append(st)
             except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
                 rec("parity", "error", detail="%s: %s" % (type(e).__name__, e))

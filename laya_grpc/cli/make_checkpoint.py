@@ -7,7 +7,11 @@ so `laya.load(DIR)` loads them strictly and parity tests compare like with like.
 safetensors and tokenizers are used; the same preset and seed give the same bytes.
 
 The weights are scaled so that option logits differ by about one unit across options: with
-near-uniform probabilities a parity test would pass whatever the engine computed.
+near-uniform probabilities a parity test would pass whatever the engine computed. A conditioning
+(`--conditioning`) moves that: how sharp the option logits are (the scorer's gain), the temperatures
+(down to upstream's 0.5 clamp) and the distribution the weights are drawn from, so a precision check
+can span checkpoints from flat to sharp without a real one. `default` writes the same bytes as
+before conditionings existed.
 """
 from __future__ import annotations
 
@@ -63,6 +67,31 @@ TEMPERATURE_BY_OPTIONS = {"choice:2": 1.2, "choice:3-5": 0.8, "choice:6-10": 1.5
                           "score:3-5": 0.7, "noul:2": 1.05}
 
 
+@dataclass(frozen=True)
+class Conditioning:
+    """How sharp a checkpoint's answers are: same layout and shapes, other weights and temperatures."""
+    name: str
+    distribution: str = "normal"      # normal | uniform | laplace (matrices, embeddings and biases; unit variance)
+    scorer_gain_x: float = 1.0        # times the preset's scorer_gain (option-logit spread)
+    temperature: float | None = None  # every temperature (list and by-options) set to this; None: the defaults
+    scorer_gain: float | None = None  # an absolute scorer gain instead of the preset's times scorer_gain_x
+
+    def gain(self, preset: "Preset") -> float:
+        return self.scorer_gain if self.scorer_gain is not None else preset.scorer_gain * self.scorer_gain_x
+
+
+CONDITIONINGS = {
+    "default": Conditioning("default"),
+    # near-uniform probabilities: small logit spread, hot temperatures
+    "flat": Conditioning("flat", scorer_gain_x=0.4, temperature=2.0),
+    # sharp: uniform draws, four times the logit spread, temperatures at upstream's 0.5 clamp
+    "sharp": Conditioning("sharp", distribution="uniform", scorer_gain_x=4.0, temperature=0.5),
+    # heavy-tailed (Laplace) weights, twice the logit spread, temperatures at the clamp
+    "heavy": Conditioning("heavy", distribution="laplace", scorer_gain_x=2.0, temperature=0.5),
+}
+TEMPERATURE_MIN = 0.5     # upstream clamps temperatures to [0.5, 5]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", help="directory to write (created; must not exist unless --force)")
     flags.add(parser, "--preset", env="LAYA_MAKE_CHECKPOINT_PRESET", choices=sorted(PRESETS),
@@ -72,6 +101,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(parser, "--option-layout", env="LAYA_MAKE_CHECKPOINT_OPTION_LAYOUT",
               choices=("sequential", "parallel"),
               help="write this option_layout into rl_agent_config.json (default: the preset's)")
+    flags.add(parser, "--conditioning", env="LAYA_MAKE_CHECKPOINT_CONDITIONING", choices=sorted(CONDITIONINGS),
+              default="default",
+              help="how sharp the answers are: default (option logits about one unit apart), flat (near-uniform "
+                   "probabilities, temperature 2), sharp (uniform weights, 4x the logit spread, temperature 0.5) or "
+                   "heavy (Laplace weights, 2x the spread, temperature 0.5); same layout and shapes")
+    flags.add(parser, "--scorer-gain", env="LAYA_MAKE_CHECKPOINT_SCORER_GAIN", type=float,
+              help="the scorer's output gain (option-logit spread; default: the preset's times the conditioning's)")
+    flags.add(parser, "--temperature", env="LAYA_MAKE_CHECKPOINT_TEMPERATURE", type=float,
+              help="set every temperature to this (0.5 to 5, upstream's clamp; default: the conditioning's)")
+    flags.add(parser, "--distribution", env="LAYA_MAKE_CHECKPOINT_DISTRIBUTION", choices=("normal", "uniform", "laplace"),
+              help="what the weights are drawn from, at the same variance (default: the conditioning's)")
     flags.add(parser, "--force", env="LAYA_MAKE_CHECKPOINT_FORCE", action="store_true",
               help="replace DIR if it exists")
 
@@ -84,17 +124,42 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     big = args.preset in ("large", "ml-base")
     try:
+        cond = pick_conditioning(getattr(args, "conditioning", None) or "default", getattr(args, "scorer_gain", None),
+                                 getattr(args, "temperature", None), getattr(args, "distribution", None))
         path = make_checkpoint(args.dir, args.preset, seed=args.seed, force=args.force,
-                               option_layout=args.option_layout, progress=big)
-    except FileExistsError as e:
+                               option_layout=args.option_layout, progress=big, conditioning=cond)
+    except (FileExistsError, ValueError) as e:
         print("laya-grpc make-checkpoint: %s" % e, file=sys.stderr)
         return 2
-    print("wrote %s (preset %s, seed %d) in %.2fs" % (path, args.preset, args.seed, time.perf_counter() - t0))
+    print("wrote %s (preset %s, conditioning %s, seed %d) in %.2fs"
+          % (path, args.preset, cond.name, args.seed, time.perf_counter() - t0))
     return 0
 
 
+def pick_conditioning(name: str = "default", scorer_gain: float | None = None, temperature: float | None = None,
+                      distribution: str | None = None) -> Conditioning:
+    """A named conditioning with overrides (`make-checkpoint --scorer-gain/--temperature/--distribution`)."""
+    if name not in CONDITIONINGS:
+        raise ValueError("unknown conditioning %r (choose from %s)" % (name, ", ".join(sorted(CONDITIONINGS))))
+    c = CONDITIONINGS[name]
+    if temperature is not None:
+        if not TEMPERATURE_MIN <= temperature <= 5.0:
+            raise ValueError("temperature %g is outside upstream's clamp [0.5, 5]" % temperature)
+        c = replace(c, name=c.name + "+t%g" % temperature, temperature=temperature)
+    if distribution not in (None, "normal", "uniform", "laplace"):
+        raise ValueError("unknown distribution %r (normal, uniform or laplace)" % distribution)
+    if distribution is not None:
+        c = replace(c, name=c.name + "+" + distribution, distribution=distribution)
+    if scorer_gain is not None:
+        if not scorer_gain > 0:
+            raise ValueError("scorer gain must be positive, got %g" % scorer_gain)
+        c = replace(c, name=c.name + "+gain%g" % scorer_gain, scorer_gain=scorer_gain)
+    return c
+
+
 def make_checkpoint(dir: str, preset: str, seed: int = 0, force: bool = False,
-                    option_layout: str | None = None, progress: bool = False) -> str:
+                    option_layout: str | None = None, progress: bool = False,
+                    conditioning: Conditioning | str = "default") -> str:
     """Write a checkpoint for `preset` into `dir` and return its absolute path.
 
     Written into a sibling temporary directory and renamed into place, so a reader polling `dir`
@@ -103,6 +168,7 @@ def make_checkpoint(dir: str, preset: str, seed: int = 0, force: bool = False,
     if preset not in PRESETS:
         raise ValueError("unknown preset %r (choose from %s)" % (preset, ", ".join(sorted(PRESETS))))
     p = PRESETS[preset]
+    cond = pick_conditioning(conditioning) if isinstance(conditioning, str) else conditioning
     if option_layout is not None:
         p = replace(p, option_layout=option_layout)
     final = os.path.abspath(dir)
@@ -113,7 +179,7 @@ def make_checkpoint(dir: str, preset: str, seed: int = 0, force: bool = False,
     os.makedirs(os.path.join(tmp, "encoder"))
     os.makedirs(os.path.join(tmp, "tokenizer"))
     try:
-        _write(tmp, p, seed, progress)
+        _write(tmp, p, seed, progress, cond)
         for root, dirs, files in os.walk(tmp):
             os.chmod(root, 0o755)
             for f in files:
@@ -127,7 +193,7 @@ def make_checkpoint(dir: str, preset: str, seed: int = 0, force: bool = False,
     return final
 
 
-def _write(path: str, p: Preset, seed: int, progress: bool) -> None:
+def _write(path: str, p: Preset, seed: int, progress: bool, cond: Conditioning) -> None:
     tok = synth_tokenizer.english() if p.tokenizer == "english" else synth_tokenizer.gemma()
     vocab = p.vocab_size if p.vocab_size is not None else -(-tok.size // 64) * 64
     if tok.size > vocab:
@@ -139,26 +205,30 @@ def _write(path: str, p: Preset, seed: int, progress: bool) -> None:
                 json.dumps(tok.special_tokens_map, indent=2, ensure_ascii=False))
     _write_text(os.path.join(path, "encoder", "config.json"),
                 json.dumps(encoder_config(p, vocab, tok), indent=2, sort_keys=True) + "\n")
-    _write_text(os.path.join(path, "rl_agent_config.json"), json.dumps(agent_config(p), indent=2))
+    _write_text(os.path.join(path, "rl_agent_config.json"), json.dumps(agent_config(p, cond), indent=2))
     dims = Dims(vocab_size=vocab, hidden_size=p.hidden_size, num_layers=p.num_layers,
                 intermediate_size=p.intermediate_size, head_layers=2, n_act=len(ACT_COSTS) + 1)
-    tensors = random_weights(dims, p.scorer_gain, seed, progress)
+    tensors = random_weights(dims, cond.gain(p), seed, progress, cond.distribution)
     from safetensors.numpy import save_file
     if progress:
         print("  saving model.safetensors ...", file=sys.stderr, flush=True)
     save_file(tensors, os.path.join(path, "model.safetensors"))
 
 
-def agent_config(p: Preset) -> dict:
+def agent_config(p: Preset, cond: Conditioning = CONDITIONINGS["default"]) -> dict:
     """rl_agent_config.json: the keys inference reads (laya-format.md §1.1)."""
+    temps, by_options = list(TEMPERATURE), dict(TEMPERATURE_BY_OPTIONS)
+    if cond.temperature is not None:
+        temps = [cond.temperature] * len(temps)
+        by_options = {k: cond.temperature for k in by_options}
     cfg = {
         "encoder": p.encoder_id,
         "head_layers": 2,
         "act_costs": dict(ACT_COSTS),
         "max_len": p.max_len,
         "head_max_len": p.head_max_len,
-        "temperature": list(TEMPERATURE),
-        "temperature_by_options": dict(TEMPERATURE_BY_OPTIONS),
+        "temperature": temps,
+        "temperature_by_options": by_options,
         "amp_dtype": "bf16",
     }
     if p.option_layout is not None:
@@ -234,8 +304,21 @@ def _init_spec(name: str, shape: tuple[int, ...], scorer_gain: float) -> tuple[s
     return "normal", 1.0 / np.sqrt(shape[1])
 
 
-def random_weights(dims: Dims, scorer_gain: float, seed: int, progress: bool = False) -> dict[str, np.ndarray]:
-    """fp16 tensors for every state_dict entry, drawn from one seeded generator in table order."""
+def _draw(rng: np.random.Generator, shape: tuple[int, ...], distribution: str) -> np.ndarray:
+    """Unit-variance float32 draws."""
+    if distribution == "normal":
+        return rng.standard_normal(shape, dtype=np.float32)
+    if distribution == "uniform":
+        return rng.random(shape, dtype=np.float32) * np.float32(2 * np.sqrt(3.0)) - np.float32(np.sqrt(3.0))
+    if distribution == "laplace":
+        return rng.laplace(0.0, np.sqrt(0.5), shape).astype(np.float32)
+    raise ValueError("unknown distribution %r" % distribution)
+
+
+def random_weights(dims: Dims, scorer_gain: float, seed: int, progress: bool = False,
+                   distribution: str = "normal") -> dict[str, np.ndarray]:
+    """fp16 tensors for every state_dict entry, drawn from one seeded generator in table order
+    (norm gains stay 1 + 0.1 N whatever the distribution: they scale, they do not mix)."""
     rng = np.random.default_rng(seed)
     shapes = tensor_shapes(dims)
     out: dict[str, np.ndarray] = {}
@@ -247,7 +330,7 @@ def random_weights(dims: Dims, scorer_gain: float, seed: int, progress: bool = F
         if kind == "const1":
             arr = np.ones(shape, dtype=np.float16)
         else:
-            x = rng.standard_normal(shape, dtype=np.float32)
+            x = _draw(rng, shape, "normal" if kind == "one" else distribution)
             x *= np.float32(scale)
             if kind == "one":
                 x += np.float32(1.0)

@@ -83,6 +83,10 @@ _TORCH_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", 
                  "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
+# what `--dtype auto` builds per device type (docs/precision.md); CPU: None, upstream's own load
+AUTO_DTYPE = {"cuda": "float16", "mps": "float16"}
+
+
 def torch_dtype(name: Optional[str], device: str):
     """The dtype to build LayaTorch in.
 
@@ -96,9 +100,8 @@ def torch_dtype(name: Optional[str], device: str):
         if name not in _TORCH_DTYPES:
             raise LayaError(Kind.INVALID, "unknown dtype %r; choose auto, float32, float16 or bfloat16" % name)
         return getattr(torch, _TORCH_DTYPES[name])
-    if device.startswith(("cuda", "mps")):
-        return torch.float16
-    return None
+    auto = AUTO_DTYPE.get(device.split(":")[0])
+    return None if auto is None else getattr(torch, auto)
 
 
 def mlx_dtype(name: Optional[str], device: str) -> str:

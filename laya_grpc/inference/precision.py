@@ -37,8 +37,9 @@ class Precision:
     @classmethod
     def for_weights(cls, dtype: torch.dtype, device_type: str) -> "Precision":
         """What serving runs: float32 wherever it is cheap; float32 weights on CUDA split every GEMM."""
-        exact = dtype == torch.float32 and device_type == "cuda"
-        return cls(residual=torch.float32, residual_gemm_out=torch.float32, split_head=exact, split_encoder=exact)
+        cuda = device_type == "cuda"
+        return cls(residual=torch.float32, residual_gemm_out=torch.float32, split_head=cuda,
+                   split_encoder=cuda and dtype == torch.float32)
 
     @classmethod
     def sixteen_bit(cls, dtype: torch.dtype) -> "Precision":

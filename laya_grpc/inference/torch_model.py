@@ -226,6 +226,10 @@ class LayaTorch(nn.Module):
         p = precision or Precision.for_weights(weight.dtype, weight.device.type)
         split = {}
         if p.split_head and self.head is not None:
+            # the head's residual stream, norms and biases in float32 (its input: the encoder's float32
+            # output plus the type embedding); its GEMMs float32-accurate through split fp16 pairs
+            self.head.float()
+            self.type_emb.float()
             for layer in self.head.layers:
                 sa = layer.self_attn
                 split[id(sa)] = SplitLinear(sa.in_proj_weight, sa.in_proj_bias)
