@@ -36,7 +36,7 @@ case ",$PHASES," in *,precision,*)
 esac
 case ",$PHASES," in *,parity,*)
   timeout ${PARITY_TIMEOUT:-300} python3 -m laya_grpc.bench.parity --work-dir /tmp/lb --preset large \
-    --conditionings ${CONDITIONINGS:-default,flat,sharp,heavy} --dtypes ${DTYPES:-auto,float32} \
+    --conditionings ${CONDITIONINGS:-default,flat,sharp,heavy} --dtypes ${DTYPES:-auto,float16} \
     --latency-n ${LATENCY_N:-50} --out $OUT/parity.jsonl 2>&1 | grep -v '"kind": "parity_served' | tail -c 6000 ;;
 esac
 case ",$PHASES," in *,wakeup,*)

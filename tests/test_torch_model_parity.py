@@ -187,7 +187,7 @@ def test_device_pick_is_never_silent():
 
 def test_dtype_policy_keeps_cpu_exact_to_upstream():
     assert torch_dtype("auto", "cpu") is None            # upstream's CPU load: config dtype, fp32 head
-    assert torch_dtype("auto", "cuda:0") is torch.float16 and torch_dtype(None, "mps") is torch.float16
+    assert torch_dtype("auto", "cuda:0") is torch.float32 and torch_dtype(None, "mps") is torch.float16
     assert torch_dtype("bf16", "cuda:0") is torch.bfloat16 and torch_dtype("float32", "cuda:0") is torch.float32
     with pytest.raises(LayaError):
         torch_dtype("int8", "cpu")

@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add(parser, "--backend", env="LAYA_BACKEND", default="torch", choices=["torch", "mlx"],
               help="network implementation")
     flags.add(parser, "--dtype", env="LAYA_DTYPE", default="auto",
-              help="auto = float32 on CPU (exact to upstream), 16-bit on GPUs; or float32, float16, bfloat16")
+              help="auto = float32 on CPU and CUDA (exact to upstream), float16 on MPS; or float32, float16 "
+                   "(the fast mode on CUDA: docs/precision.md), bfloat16")
     parser.add_argument("requests", metavar="REQUESTS.jsonl|-",
                         help="file with one request body per line (format below), or - for stdin")
 

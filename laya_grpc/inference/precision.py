@@ -1,8 +1,10 @@
 """Where the fused CUDA forward keeps float32, per weight dtype: one place, read by torch_model.py.
 
-Why: served answers on CUDA fp16 moved by up to 0.146 in probability against CPU fp32 (the code was
-right: CUDA fp32 matched to 2e-4). The error is 16-bit rounding that this network amplifies, so the
-parts that are cheap in float32 and carry the error stay there (docs/precision.md has the figures):
+CUDA serves float32 weights by default (devices.AUTO_DTYPE): every GEMM, the decision head's too, is
+float32-accurate (split_gemm.py: fp16 tensor cores, ~2^-21 relative) and attention's dot products run
+as 3xTF32: the exact mode, max |dp| 0.0006 against CPU fp32 on every checkpoint of the parity stage.
+
+With 16-bit weights (`--dtype float16`, the fast mode) the parts that are cheap in float32 stay there:
 
 - the residual stream and its LayerNorm statistics (16-bit only as the GEMMs' inputs);
 - the outputs of the GEMMs that feed the residual (attention Wo, MLP Wo): fp32 accumulation and a
@@ -10,12 +12,13 @@ parts that are cheap in float32 and carry the error stay there (docs/precision.m
 - the scorer and the act head (a few rows a request: free);
 - attention's softmax statistics (running max and sum) are float32 in cuda_attention.py already.
 
-Measured on an H200 (benchmarks/results/2026-12-03-59434d2, docs/precision.md): the float32
-residual halves the error and the alone-vs-beside shift for ~1% of latency; float32 decision-head
-layers (split GEMMs) bought nothing measurable for 5-13% of latency, so with 16-bit weights the
-head's two layers stay in the weights' dtype. With float32 weights every GEMM, the head's too, is
-float32-accurate (split_gemm.py: fp16 tensor cores, ~2^-21 relative) and attention's dot products
-run as 3xTF32: the exact mode (`--dtype float32`).
+What remains is the rounding of the encoder GEMMs' inputs and of the Wqkv and Wi outputs to fp16,
+which the network carries to the logits; its effect on probabilities scales with the logits over
+the temperature, so it depends on the checkpoint: 0.005 on the `large` random checkpoint, 0.066 on a
+sharper one of the same shape (H200, benchmarks/results/2026-12-04-5d3a8c3). Float32 decision-head
+layers (split GEMMs) bought nothing measurable there either (model level 0.0086 against 0.0083 on
+the sharp checkpoint) for 4% (short) to 10% (512 tokens) of model time, so with 16-bit weights the
+head stays in the weights' dtype. docs/precision.md has the figures and the decision.
 The product takes `Precision.for_weights`; other instances exist for measuring what each part buys
 (benchmarks/precision_study.py), never as a serving switch.
 """
@@ -37,9 +40,8 @@ class Precision:
     @classmethod
     def for_weights(cls, dtype: torch.dtype, device_type: str) -> "Precision":
         """What serving runs: float32 wherever it is cheap; float32 weights on CUDA split every GEMM."""
-        cuda = device_type == "cuda"
-        return cls(residual=torch.float32, residual_gemm_out=torch.float32, split_head=cuda,
-                   split_encoder=cuda and dtype == torch.float32)
+        exact = dtype == torch.float32 and device_type == "cuda"
+        return cls(residual=torch.float32, residual_gemm_out=torch.float32, split_head=exact, split_encoder=exact)
 
     @classmethod
     def sixteen_bit(cls, dtype: torch.dtype) -> "Precision":
