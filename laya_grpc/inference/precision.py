@@ -14,11 +14,11 @@ With 16-bit weights (`--dtype float16`, the fast mode) the parts that are cheap 
 
 What remains is the rounding of the encoder GEMMs' inputs and of the Wqkv and Wi outputs to fp16,
 which the network carries to the logits; its effect on probabilities scales with the logits over
-the temperature, so it depends on the checkpoint: 0.005 on the `large` random checkpoint, 0.066 on a
-sharper one of the same shape (H200, benchmarks/results/2026-12-04-5d3a8c3). Float32 decision-head
-layers (split GEMMs) bought nothing measurable there either (model level 0.0086 against 0.0083 on
-the sharp checkpoint) for 4% (short) to 10% (512 tokens) of model time, so with 16-bit weights the
-head stays in the weights' dtype. docs/precision.md has the figures and the decision.
+the temperature, so it depends on the checkpoint: 0.005 on the `large` random checkpoint, 0.10 on a
+sharper one of the same shape (H200, benchmarks/results/2026-12-04-1d77f01). Float32 decision-head
+layers (split GEMMs) brought that to 0.066 on the served path and nothing at model level (0.0083
+against 0.0086) for 4% (short) to 10% (512 tokens) of model time: still over any 16-bit tolerance,
+so with 16-bit weights the head stays in the weights' dtype. docs/precision.md has the figures and the decision.
 The product takes `Precision.for_weights`; other instances exist for measuring what each part buys
 (benchmarks/precision_study.py), never as a serving switch.
 """

@@ -64,9 +64,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--dtype", env="LAYA_DTYPE", default="auto",
               help="auto = float32 on CPU (exact to upstream) and on CUDA (the exact mode: split-fp16 tensor-core "
                    "GEMMs, max |dp| 0.0006 against CPU fp32 on every checkpoint checked), float16 on MPS; or float32, "
-                   "float16, bfloat16. float16 on CUDA is the fast mode (served p50 about 11%% lower for short requests and "
-                   "17%% at 512 tokens on an H200), whose error grows with how sharp the checkpoint's answers are "
-                   "(0.005 to 0.066 on random checkpoints of one shape): docs/precision.md")
+                   "float16, bfloat16. float16 on CUDA is the fast mode (served p50 about 8%% lower for short requests and "
+                   "22%% at 512 tokens on an H200), whose error grows with how sharp the checkpoint's answers are "
+                   "(0.005 to 0.10 on random checkpoints of one shape): docs/precision.md")
     flags.add(p, "--require-device", env="LAYA_REQUIRE_DEVICE", nargs="?", const="yes", metavar="DEVICE",
               help="exit non-zero if the device is unavailable instead of falling back to CPU; alone it requires "
                    "--device, with a value (e.g. --require-device gpu, --require-device cuda:1) it requires that one")
