@@ -10,8 +10,8 @@ The weights are scaled so that option logits differ by about one unit across opt
 near-uniform probabilities a parity test would pass whatever the engine computed. A conditioning
 (`--conditioning`) moves that: how sharp the option logits are (the scorer's gain), the temperatures
 (down to upstream's 0.5 clamp) and the distribution the weights are drawn from, so a precision check
-can span checkpoints from flat to sharp without a real one. `default` writes the same bytes as
-before conditionings existed.
+can span checkpoints from flat to sharp without a real one. `default` is the preset's own scale and
+temperatures (the same bytes for a preset and seed whether or not it is named).
 """
 from __future__ import annotations
 
@@ -124,8 +124,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     big = args.preset in ("large", "ml-base")
     try:
-        cond = pick_conditioning(getattr(args, "conditioning", None) or "default", getattr(args, "scorer_gain", None),
-                                 getattr(args, "temperature", None), getattr(args, "distribution", None))
+        cond = pick_conditioning(args.conditioning, args.scorer_gain, args.temperature, args.distribution)
         path = make_checkpoint(args.dir, args.preset, seed=args.seed, force=args.force,
                                option_layout=args.option_layout, progress=big, conditioning=cond)
     except (FileExistsError, ValueError) as e:
