@@ -5,8 +5,8 @@
   connection must finish its HTTP/2 handshake within `HANDSHAKE_TIMEOUT_S` (a silent TCP
   connection holds a descriptor for that long, no longer); one without calls for `MAX_IDLE_S` is
   sent GOAWAY; keep-alive pings find dead peers; at most `MAX_STREAMS` concurrent streams per
-  connection; a client that pings more often than every `MIN_PING_INTERVAL_S` without calls is
-  sent GOAWAY after `MAX_PING_STRIKES` such pings.
+  connection. Pings are answered and never end a connection (core/rpc.py: a strike limit ended our
+  own clients' channels with "too_many_pings"); each costs one small frame.
 - HTTP (`IdleConnections`, used by http_server.GuardedHttpTools): past `--http-max-connections`,
   a new connection sheds the oldest one that holds no request (silent since it opened, or kept
   alive between requests) instead of being refused; only when every open connection is inside a
@@ -37,8 +37,6 @@ DEFAULT_GRPC_MAX_CONNECTIONS = 4096
 HANDSHAKE_TIMEOUT_S = 10.0       # as the HTTP header timeout's default
 MAX_IDLE_S = 300.0               # a connection with no call for this long gets GOAWAY (clients reconnect)
 MAX_STREAMS = 1024               # concurrent streams per connection (admission bounds the work itself)
-MIN_PING_INTERVAL_S = 5.0        # our clients ping every 30 s (core/rpc.py)
-MAX_PING_STRIKES = 2
 RESERVED_DESCRIPTORS = 256       # backend channels, sockets of the metrics and control endpoints, files
 ACCEPT_LOG_EVERY_S = 60.0
 
@@ -58,8 +56,6 @@ def grpc_server_options(max_connections: int) -> list:
         ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT_S * 1e3)),
         ("grpc.max_connection_idle_ms", int(MAX_IDLE_S * 1e3)),
         ("grpc.max_concurrent_streams", MAX_STREAMS),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", int(MIN_PING_INTERVAL_S * 1e3)),
-        ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
     ]
 
 
