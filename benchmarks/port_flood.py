@@ -5,7 +5,8 @@ opens a new one whenever the gateway closes one, for the whole run. Meanwhile no
 send decisions: HTTP over a fresh connection each time, gRPC over a channel opened before the
 flood and over a fresh channel each time. Printed: the normal requests' outcome and p50/p99, how
 many silent connections each port held open and how many it closed, and how many lines the
-stack logged during the flood (the gateway folds accept errors into one line a minute).
+stack logged during the flood (the gateway folds accept errors into one line a minute), and the
+gateway's RSS before, right after and `--idle` seconds after the flood.
 
     python -m benchmarks.port_flood [--silent 20000] [--duration 20]
 
@@ -123,6 +124,14 @@ def _summary(samples: list) -> dict:
             "p99_ms": round(float(np.percentile(ms, 99)), 1) if len(ms) else None}
 
 
+def _rss_mb(pid: int) -> float:
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024.0, 1)
+    return 0.0
+
+
 def _log_lines(log: str) -> int:
     """Lines the stack logged, less the access log (one INFO line per request, off in production)."""
     return sum(1 for line in log.splitlines() if "laya_grpc.access" not in line)
@@ -133,6 +142,7 @@ def main(argv=None) -> int:
     p.add_argument("--silent", type=int, default=20000, help="silent connections per port")
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--settle", type=float, default=15.0, help="seconds the flood runs before measuring")
+    p.add_argument("--idle", type=float, default=5.0, help="seconds idle before the last RSS reading")
     a = p.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="laya-port-flood-")
     ckpt = make_checkpoint(os.path.join(tmp, "english"), "tiny")
@@ -144,6 +154,8 @@ def main(argv=None) -> int:
             kept.Decide(req, timeout=30)
             baseline = {"http": _summary([_http_once(s.http_port, body) for _ in range(20)]),
                         "grpc_kept": _summary([_grpc_once(kept, req) for _ in range(20)])}
+            gw = s.child_pid("gateway")
+            baseline["gateway_rss_mb"] = _rss_mb(gw)
             print(json.dumps({"before_flood": baseline}), flush=True)
             lines0 = _log_lines(s.full_log())
             ctx = mp.get_context("spawn")
@@ -175,6 +187,9 @@ def main(argv=None) -> int:
                 print("  log: " + line[:200])
             after = {"http": _summary([_http_once(s.http_port, body) for _ in range(20)]),
                      "grpc_kept": _summary([_grpc_once(kept, req) for _ in range(20)])}
+            after["gateway_rss_mb_at_end"] = _rss_mb(gw)
+            time.sleep(a.idle)
+            after["gateway_rss_mb_after_idle"] = _rss_mb(gw)
             print(json.dumps({"after_flood": after}), flush=True)
     return 0
 

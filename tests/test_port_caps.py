@@ -95,3 +95,47 @@ def test_grpc_port_caps_connections_and_closes_silent_ones(capped):
         finally:
             for s in socks:
                 s.close()
+
+
+def test_growth_trim_follows_the_low_water_mark(monkeypatch):
+    """The gateway's trim after connection churn: none while RSS stays near its low-water mark;
+    while it is above by the threshold, a trim, and the wait doubles while trims return nothing
+    (memory in use) and resets once one does."""
+    import asyncio
+    from laya_grpc.core import memory
+    clock = {"t": 0.0}
+    rss = {"mb": 100}
+    trims = []
+
+    def fake_trim():
+        before = rss["mb"]
+        if clock["t"] >= 30:       # the connections closed: their memory can be returned
+            rss["mb"] = 101
+        trims.append((clock["t"], before, rss["mb"]))
+        return True, before << 20, rss["mb"] << 20, 0.001
+
+    async def fake_sleep(s):
+        clock["t"] += s
+        if clock["t"] >= 2:
+            rss["mb"] = max(rss["mb"], 140) if clock["t"] < 30 else rss["mb"]
+        await real_sleep(0)
+
+    real_sleep = asyncio.sleep
+    monkeypatch.setattr(memory, "rss_bytes", lambda: rss["mb"] << 20)
+    monkeypatch.setattr(memory, "trim_available", lambda: True)
+    monkeypatch.setattr(memory, "_trim_and_measure", fake_trim)
+
+    async def run():
+        async def on_thread(fn):
+            return fn()
+        monkeypatch.setattr(memory.asyncio, "sleep", fake_sleep)
+        g = memory.GrowthTrim(on_thread, growth_bytes=16 << 20, period_s=1.0, max_period_s=8.0)
+        g.start()
+        while clock["t"] < 80:
+            await real_sleep(0)
+        g.close()
+    asyncio.run(run())
+    times = [t for t, _, _ in trims]
+    # in use until t=30: trims at 2, then the waits double (2, 4, 8, 8 ...); the first after 30 returns it
+    assert times[:4] == [2.0, 4.0, 8.0, 16.0], trims
+    assert trims[-1][2] == 101 and all(t < 40 for t in times), trims

@@ -14,6 +14,8 @@
 - Descriptors (`fit_descriptors`): the soft RLIMIT_NOFILE is raised to the hard limit at start,
   and both caps are lowered to fit it with room for the backend channels, so the caps bind before
   the process runs out of descriptors.
+- Memory: what a flood of connections allocated is freed when they close, but glibc keeps it;
+  the heap is trimmed once RSS grew by 16 MiB since the last trim (core/memory.py GrowthTrim).
 - Should the HTTP accept loop run out anyway, asyncio stops accepting for a second and retries;
   its log line ("socket.accept() out of system resource", once per pending connection, up to
   2,048 a second) is folded by `quiet_accept_errors` into one warning a minute with a count.
@@ -29,7 +31,7 @@ import time
 import weakref
 from typing import Optional
 
-from laya_grpc.core import flags, metrics
+from laya_grpc.core import flags, memory, metrics
 
 log = logging.getLogger("laya_grpc.gateway.conn_limits")
 
@@ -119,6 +121,7 @@ class IdleConnections:
         return False
 
 
+_running: list = []
 _accept_state = {"count": 0, "since": 0.0, "logged": -1e18}
 
 
@@ -152,6 +155,11 @@ def setup(args: argparse.Namespace, loop: Optional[asyncio.AbstractEventLoop] = 
     """At gateway start: both caps fitted to the descriptor limit (the HTTP one written back to
     `args`, where the HTTP server reads it), the accept-error log folded; returns the public gRPC
     server's options."""
+    loop = loop or asyncio.get_running_loop()
     args.http_max_connections, grpc_max = fit_descriptors(args.http_max_connections, args.grpc_max_connections)
-    quiet_accept_errors(loop or asyncio.get_running_loop())
+    quiet_accept_errors(loop)
+    # connections' memory is freed when they close but kept by the allocator: trim on growth
+    trim = memory.GrowthTrim(lambda fn: loop.run_in_executor(None, fn), counter=metrics.GATEWAY_HEAP_TRIMS)
+    trim.start()
+    _running.append(trim)   # held for the process's life (asyncio keeps only weak task references)
     return grpc_server_options(grpc_max)
