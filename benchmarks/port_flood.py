@@ -34,7 +34,7 @@ from stack import Stack  # noqa: E402
 
 from laya_grpc.cli.make_checkpoint import make_checkpoint  # noqa: E402
 from laya_grpc.client.requests import build_decide  # noqa: E402
-from laya_grpc.core import rpc  # noqa: E402
+from laya_grpc.core import memory, rpc  # noqa: E402
 from laya_proto.v1 import decision_pb2_grpc  # noqa: E402
 
 STATE = "My parcel is late again."
@@ -125,11 +125,7 @@ def _summary(samples: list) -> dict:
 
 
 def _rss_mb(pid: int) -> float:
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024.0, 1)
-    return 0.0
+    return round((memory.rss_bytes(pid) or 0) / 2**20, 1)
 
 
 def _log_lines(log: str) -> int:

@@ -24,6 +24,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from cpu_cgroup import make_cpu_cgroup, remove_cgroup  # noqa: E402
 from stack import Stack  # noqa: E402
 
 from laya_grpc.bench.inputs import named_cases  # noqa: E402
@@ -62,38 +63,13 @@ def phase(stack: Stack, name: str, clients: int, duration: float, busy: bool) ->
     return rec
 
 
-def one_cpu_launcher(tmp: str) -> tuple:
+def one_cpu_launcher() -> tuple:
     """(argv prefix that starts the stack limited to one CPU, how, cleanup)."""
-    for base, files in (("/sys/fs/cgroup/cpu", ("cpu.cfs_period_us", "cpu.cfs_quota_us")),
-                        ("/sys/fs/cgroup", ("cpu.max",))):
-        group = os.path.join(base, "laya-bench-%d" % os.getpid())
-        try:
-            os.mkdir(group)
-        except OSError:
-            continue
-        try:
-            if files[0] == "cpu.max":
-                with open(os.path.join(group, "cpu.max"), "w") as f:
-                    f.write("100000 100000")
-            else:
-                with open(os.path.join(group, files[0]), "w") as f:
-                    f.write("100000")
-                with open(os.path.join(group, files[1]), "w") as f:
-                    f.write("100000")
-        except OSError:
-            os.rmdir(group)
-            continue
-        prefix = ["sh", "-c", 'echo $$ > %s/cgroup.procs && exec "$0" "$@"' % group, sys.executable]
-
-        def cleanup(group=group):
-            for _ in range(50):
-                try:
-                    os.rmdir(group)
-                    return
-                except OSError:
-                    time.sleep(0.1)
-        return prefix, "cgroup %s (quota 1 CPU)" % group, cleanup
-    return ["taskset", "-c", "0", sys.executable], "taskset -c 0", lambda: None
+    made = make_cpu_cgroup("laya-bench", 1.0)
+    if made is None:
+        return ["taskset", "-c", "0", sys.executable], "taskset -c 0", lambda: None
+    group, prefix = made
+    return prefix + [sys.executable], "cgroup %s (quota 1 CPU)" % group, lambda: remove_cgroup(group)
 
 
 def main(argv=None) -> int:
@@ -126,7 +102,7 @@ def main(argv=None) -> int:
         for s in stacks:
             s.__exit__(None, None, None)
     if not a.no_limit:
-        prefix, how, cleanup = one_cpu_launcher(tmp)
+        prefix, how, cleanup = one_cpu_launcher()
         print(json.dumps({"limit": how}), flush=True)
         try:
             with Stack({"english": ckpt}, env=env, python=prefix) as s:

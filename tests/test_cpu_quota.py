@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from cpu_cgroup import make_cpu_cgroup, remove_cgroup
 from laya_grpc.core import cpu_quota
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,34 +101,15 @@ def test_affinity_mask_sizes_the_pools():
     assert _run_child(preexec=lambda: os.sched_setaffinity(0, {cpu})) == ["1", "1", "1", "PASSIVE"]
 
 
-def _one_cpu_cgroup():
-    """A writable cgroup (v1 cpu or v2) limited to half a CPU, or None."""
-    for base, writes in (("/sys/fs/cgroup/cpu", {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "50000"}),
-                         ("/sys/fs/cgroup", {"cpu.max": "50000 100000"})):
-        group = os.path.join(base, "laya-test-quota-%d" % os.getpid())
-        try:
-            os.mkdir(group)
-        except OSError:
-            continue
-        try:
-            for name, value in writes.items():
-                with open(os.path.join(group, name), "w") as f:
-                    f.write(value)
-            return group
-        except OSError:
-            os.rmdir(group)
-    return None
-
-
 @needs_two
 def test_cgroup_quota_sizes_the_pools():
     """Half a CPU of quota with every CPU in the affinity mask: one thread per pool, where the
     host's core count (and torch's own default) gives two or more."""
-    group = _one_cpu_cgroup()
-    if group is None:
+    made = make_cpu_cgroup("laya-test-quota", 0.5)
+    if made is None:
         pytest.skip("cannot create a cgroup with a CPU quota here")
+    group, prefix = made
     try:
-        prefix = ["sh", "-c", 'echo $$ > %s/cgroup.procs && exec "$0" "$@"' % group]
         assert _run_child(prefix) == ["1", "1", "1", "PASSIVE"]
     finally:
-        os.rmdir(group)
+        remove_cgroup(group)

@@ -63,10 +63,10 @@ def trim_heap() -> bool:
     return bool(_malloc_trim(0))
 
 
-def rss_bytes() -> Optional[int]:
-    """This process's resident set size (Linux /proc), None elsewhere."""
+def rss_bytes(pid: Optional[int] = None) -> Optional[int]:
+    """The resident set size of this process or of `pid` (Linux /proc), None elsewhere."""
     try:
-        with open("/proc/self/statm", "rb") as f:
+        with open("/proc/%s/statm" % (pid or "self"), "rb") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
