@@ -139,3 +139,27 @@ def test_growth_trim_follows_the_low_water_mark(monkeypatch):
     # in use until t=30: trims at 2, then the waits double (2, 4, 8, 8 ...); the first after 30 returns it
     assert times[:4] == [2.0, 4.0, 8.0, 16.0], trims
     assert trims[-1][2] == 101 and all(t < 40 for t in times), trims
+
+
+def test_accept_errors_are_folded_into_one_line(caplog):
+    """asyncio reports every refused accept when descriptors run out (up to 2,048 a second);
+    the gateway logs one warning for them, and other loop errors as before."""
+    import asyncio
+    import errno
+    import logging
+    from laya_grpc.gateway import conn_limits
+    conn_limits._accept_state.update(count=0, since=0.0, logged=-1e18)
+    loop = asyncio.new_event_loop()
+    try:
+        conn_limits.quiet_accept_errors(loop)
+        with caplog.at_level(logging.WARNING):
+            for _ in range(5000):
+                loop.call_exception_handler({"message": "socket.accept() out of system resource",
+                                             "exception": OSError(errno.EMFILE, "Too many open files")})
+            loop.call_exception_handler({"message": "something else broke"})
+    finally:
+        loop.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("out of descriptors" in m for m in lines) == 1, lines[:5]
+    assert not any("socket.accept() out of system resource" in m for m in lines)
+    assert any("something else broke" in m for m in lines)
