@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import ctypes
+import gc
 import logging
 import os
 import time
@@ -61,6 +62,22 @@ def trim_heap() -> bool:
     if not trim_available():
         return False
     return bool(_malloc_trim(0))
+
+
+def freeze_warm_heap() -> None:
+    """When a service is warm (the inference service: after each checkpoint's warm-up): collect,
+    then move every object alive into the garbage collector's permanent generation (`gc.freeze`),
+    so that later full collections scan only what serving allocated since. Without it a full
+    collection walks the whole heap of modules and weights: in the inference service, with torch
+    loaded, 90-306 ms on a loaded 2-core host, growing with every collection, with the GIL held
+    (the event loop and the device thread stop), at whatever request set it off. Frozen objects
+    are still freed when their last reference goes (an evicted checkpoint's tensors); only
+    reference cycles among them would stay."""
+    t0 = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    log.info("start-up heap frozen: %d objects kept out of later collections (%.0f ms)", gc.get_freeze_count(),
+             (time.perf_counter() - t0) * 1e3)
 
 
 def rss_bytes(pid: Optional[int] = None) -> Optional[int]:

@@ -150,6 +150,7 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
     log.info("tokenizer listening on %s%s", address, " and " + ipc_endpoint if ipc_endpoint else "")
     try:
         servicer.tokenizers = await asyncio.get_running_loop().run_in_executor(None, load_tokenizers, sources)
+        memory.freeze_warm_heap()
     except LayaError as e:
         log.error("cannot load tokenizers: %s", e.detail)
         print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
