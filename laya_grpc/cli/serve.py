@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from laya_grpc.core import draining, flags, ipc, metrics
+from laya_grpc.core import cpu_quota, draining, flags, ipc, metrics
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_logging
 from laya_grpc.core.sources import parse_checkpoint_specs
@@ -70,7 +70,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     ck = []
     for name, source in parse_checkpoint_specs(args.checkpoint).items():
         ck += ["--checkpoint", "%s=%s" % (name, source)]
-    cpus = os.cpu_count() or 1
+    cpus = cpu_quota.available_cpus()   # affinity and cgroup CPU quota, not the host's cores
     n_tok = args.tokenizer_workers or max(1, min(4, cpus // 4))   # ~0.6 ms of tokenizer CPU a request: 2 capped 64 clients
     n_gw = args.gateway_workers or max(1, min(4, cpus // 4))
     toks = ["unix:" + os.path.join(run_dir, "tokenizer-%d.sock" % i) for i in range(n_tok)]

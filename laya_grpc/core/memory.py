@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import ctypes
+import gc
 import logging
 import os
 import time
@@ -63,10 +64,26 @@ def trim_heap() -> bool:
     return bool(_malloc_trim(0))
 
 
-def rss_bytes() -> Optional[int]:
-    """This process's resident set size (Linux /proc), None elsewhere."""
+def freeze_warm_heap() -> None:
+    """When a service is warm (the inference service: after each checkpoint's warm-up): collect,
+    then move every object alive into the garbage collector's permanent generation (`gc.freeze`),
+    so that later full collections scan only what serving allocated since. Without it a full
+    collection walks the whole heap of modules and weights: in the inference service, with torch
+    loaded, 90-306 ms on a loaded 2-core host, growing with every collection, with the GIL held
+    (the event loop and the device thread stop), at whatever request set it off. Frozen objects
+    are still freed when their last reference goes (an evicted checkpoint's tensors); only
+    reference cycles among them would stay."""
+    t0 = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    log.info("start-up heap frozen: %d objects kept out of later collections (%.0f ms)", gc.get_freeze_count(),
+             (time.perf_counter() - t0) * 1e3)
+
+
+def rss_bytes(pid: Optional[int] = None) -> Optional[int]:
+    """The resident set size of this process or of `pid` (Linux /proc), None elsewhere."""
     try:
-        with open("/proc/self/statm", "rb") as f:
+        with open("/proc/%s/statm" % (pid or "self"), "rb") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
@@ -132,3 +149,51 @@ class IdleTrim:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class GrowthTrim:
+    """Trims the heap while RSS stays `growth_bytes` above its low-water mark, checked on the
+    event loop (one read of /proc/self/statm). For memory that no call accounts for: the
+    gateway's connections (a flood of 20,000 silent connections left the gateway at 140-157 MB
+    from 72 MB: heap freed when they closed, but kept by the allocator). A trim that returns
+    little (the memory is still in use) doubles the wait before the next one, up to
+    `max_period_s`, so a process that keeps its memory in use trims at most that often; the trim
+    runs on `run`'s thread, never on the event loop."""
+
+    def __init__(self, run: Callable[[Callable], Awaitable], growth_bytes: int = 16 << 20,
+                 period_s: float = 5.0, max_period_s: float = 60.0, counter=None):
+        self.run, self.growth_bytes, self.counter = run, growth_bytes, counter
+        self.period_s, self.max_period_s = period_s, max_period_s
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        if trim_available() and rss_bytes() is not None:
+            self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        low = rss_bytes() or 0
+        wait = self.period_s
+        while True:
+            await asyncio.sleep(wait)
+            now = rss_bytes() or 0
+            if now - low < self.growth_bytes:
+                low, wait = min(low, now), self.period_s
+                continue
+            try:
+                released, before, after, took = await self.run(_trim_and_measure)
+            except Exception as e:  # noqa: BLE001 - e.g. the executor is shutting down
+                log.debug("heap trim skipped: %s", e)
+                continue
+            if self.counter is not None:
+                self.counter.inc()
+            after = after if after is not None else now
+            returned = (before or now) - after
+            wait = self.period_s if returned >= self.growth_bytes // 4 else min(self.max_period_s, wait * 2)
+            low = min(low, after)
+            log.debug("heap trimmed after RSS growth: %.1f -> %.1f MB in %.1f ms (next check in %.0f s)",
+                      (before or now) / 2**20, after / 2**20, took * 1e3, wait)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None

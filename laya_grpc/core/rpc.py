@@ -76,15 +76,16 @@ def channel(address: str) -> grpc.aio.Channel:
 
 
 def server(max_concurrent_rpcs: Optional[int] = None, interceptors=None, reuse_port: bool = False,
-           max_receive_bytes: Optional[int] = None) -> grpc.aio.Server:
+           max_receive_bytes: Optional[int] = None, options=()) -> grpc.aio.Server:
     """reuse_port lets several processes serve one TCP port (the kernel spreads connections);
     off by default so that a port already in use is an error, not a silent share. Every server
     answers an undecodable request message with INVALID_ARGUMENT (UndecodableRequests);
-    `max_receive_bytes` lowers the message cap of a public server below the internal one."""
-    options = SERVER_OPTIONS + [("grpc.so_reuseport", int(reuse_port))]
-    if max_receive_bytes is not None:
-        options = [o for o in options if o[0] != "grpc.max_receive_message_length"]
-        options.append(("grpc.max_receive_message_length", max_receive_bytes))
+    `max_receive_bytes` lowers the message cap of a public server below the internal one; `options`
+    (channel arguments) replace the defaults of the same name."""
+    extra = list(options) + ([("grpc.max_receive_message_length", max_receive_bytes)]
+                             if max_receive_bytes is not None else [])
+    names = {name for name, _ in extra}
+    options = [o for o in SERVER_OPTIONS if o[0] not in names] + [("grpc.so_reuseport", int(reuse_port))] + extra
     return grpc.aio.server(options=options, maximum_concurrent_rpcs=max_concurrent_rpcs,
                            interceptors=[UndecodableRequests()] + list(interceptors or ()))
 

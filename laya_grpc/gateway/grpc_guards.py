@@ -120,8 +120,10 @@ def _denied(handler):
     return handler._replace(stream_stream=stream_stream)
 
 
-def public_server(api_key: Optional[str], admission: Admission, reuse_port: bool = False) -> grpc.aio.Server:
+def public_server(api_key: Optional[str], admission: Admission, reuse_port: bool = False,
+                  options=()) -> grpc.aio.Server:
     """The gateway's gRPC server: guards on, messages capped near the HTTP body cap (a client
-    cannot make the gateway buffer 64 MiB messages, the internal services' cap)."""
+    cannot make the gateway buffer 64 MiB messages, the internal services' cap); `options`: its
+    connection limits (conn_limits.grpc_server_options)."""
     return rpc.server(reuse_port=reuse_port, interceptors=[GatewayGuards(api_key, admission)],
-                      max_receive_bytes=MAX_PUBLIC_MESSAGE_BYTES)
+                      max_receive_bytes=MAX_PUBLIC_MESSAGE_BYTES, options=options)

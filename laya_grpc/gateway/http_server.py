@@ -13,8 +13,9 @@ of uvicorn's protocol, which keeps upstream's exact HTTP behaviour (tests/test_h
 - idle timeout: a kept-alive connection with no new request is closed after `--http-idle-timeout`
   (uvicorn's keep-alive timeout); a client still sending the body of a request already answered
   is closed at once instead of being read;
-- connection cap: past `--http-max-connections` open connections a new one is closed at once
-  (admission then bounds the requests among those that stay).
+- connection cap: past `--http-max-connections` open connections a new one sheds the oldest
+  connection that holds no request (conn_limits.py); only when every open one is inside a
+  request is the new one closed (admission then bounds the requests among those that stay).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from laya_grpc.core import flags, metrics
+
+from .conn_limits import IdleConnections
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_IDLE_TIMEOUT_S = 30.0
@@ -57,7 +60,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 class GuardedHttpTools(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a header deadline and a connection cap."""
+    """uvicorn's httptools protocol with a header deadline and a connection cap that sheds the
+    oldest connection holding no request."""
     header_timeout_s = DEFAULT_HEADER_TIMEOUT_S
     max_connections = DEFAULT_MAX_CONNECTIONS
 
@@ -67,10 +71,12 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.max_connections:
+        self._idle = IdleConnections.of(self.server_state)
+        if len(self.connections) > self.max_connections and not self._idle.shed_oldest():
             metrics.REJECTED.labels("http", "connections").inc()
             transport.close()
             return
+        self._idle.add(self)
         self._arm_header_timer()
 
     def on_message_begin(self) -> None:
@@ -79,6 +85,7 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
+        self._idle.discard(self)     # inside a request: never shed
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
@@ -86,9 +93,12 @@ class GuardedHttpTools(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.more_body and not self.transport.is_closing():
             self.transport.close()   # still sending the body of an answered request: not read on
+        elif not self.transport.is_closing():
+            self._idle.add(self)     # kept alive, waiting for the next request
 
     def connection_lost(self, exc) -> None:
         self._cancel_header_timer()
+        self._idle.discard(self)
         super().connection_lost(exc)
 
     def _arm_header_timer(self) -> None:

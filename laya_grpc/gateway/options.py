@@ -9,6 +9,7 @@ import argparse
 from laya_grpc.core import draining, flags, metrics
 from laya_grpc.core.lifecycle import add_observability_flags
 
+from . import conn_limits
 from .http_server import add_flags as add_http_server_flags
 
 # Long enough for a large batch on a CPU-only inference service; short enough that the gateway does
@@ -28,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     metrics.add_flag(p, "LAYA_GATEWAY_METRICS")
     add_observability_flags(p)
     add_http_server_flags(p)
+    conn_limits.add_flags(p)
     flags.add(p, "--control", env="LAYA_GATEWAY_CONTROL", default=None, metavar="ADDRESS",
               help="a second gRPC address (unix:/path.sock) reaching this worker alone, also when several "
                    "share --grpc, to see its own readiness and status; 'serve' gives each gateway worker one "

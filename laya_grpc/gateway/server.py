@@ -18,6 +18,7 @@ from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import parse_checkpoint_specs
 from laya_proto.v1 import decision_pb2_grpc
 
+from . import conn_limits
 from .admission import Admission
 from .decider import Decider
 from .endpoints import parse_target, split_entries
@@ -46,7 +47,8 @@ async def serve(args: argparse.Namespace) -> int:
     decider = Decider(services, table, settings)
 
     admission = Admission(settings.max_concurrent)   # one limit for HTTP and gRPC
-    grpc_server = public_server(settings.api_key, admission, reuse_port=args.reuse_port)
+    grpc_server = public_server(settings.api_key, admission, reuse_port=args.reuse_port,
+                                options=conn_limits.setup(args))
     status = StatusServicer(services, feed, args.grpc)
     decision_pb2_grpc.add_DecisionServiceServicer_to_server(
         DecisionServicer(decider, settings.api_key, settings.max_token_budget, admission), grpc_server)

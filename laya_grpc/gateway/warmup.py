@@ -11,6 +11,8 @@ import json
 import logging
 import time
 
+from laya_grpc.core import memory
+
 log = logging.getLogger("gateway")
 
 
@@ -45,6 +47,7 @@ async def warm_up(app, checkpoints: list, api_key, n_tokenizers: int = 1) -> str
     detail = "warm-up: %d/%d requests answered, through %d tokenizers, checkpoints %s + auto-routed, %.0f ms" % (
         n_ok, n_http, n_tok, ",".join(checkpoints) or "-", (time.perf_counter() - t0) * 1e3)
     log.info("gateway %s", detail)
+    memory.freeze_warm_heap()
     return detail
 
 

@@ -7,10 +7,13 @@ status stream. Devices reported to users are always read back from the live weig
 """
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from dataclasses import dataclass
 from typing import Optional
 
+from laya_grpc.core import cpu_quota
 from laya_grpc.core.errors import Kind, LayaError
 
 log = logging.getLogger("laya_grpc.inference.devices")
@@ -52,6 +55,7 @@ def _pick_mlx(requested: str, require: bool) -> DevicePick:
 
 
 def _pick_torch(requested: str, require: bool) -> DevicePick:
+    configure_cpu_threads()
     import torch
     cuda = torch.cuda.is_available()
     mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
@@ -77,6 +81,29 @@ def _pick_torch(requested: str, require: bool) -> DevicePick:
         return _refuse_or_fall_back(requested, "MPS is not available (needs Apple Silicon and a torch build with MPS)",
                                     "cpu", require)
     raise LayaError(Kind.INVALID, "unknown device %r; choose auto, cpu, gpu, cuda, cuda:N or mps" % requested)
+
+
+@functools.lru_cache(maxsize=None)
+def configure_cpu_threads() -> int:
+    """torch's CPU thread pools sized to the CPUs this process may use (affinity mask and cgroup
+    quota, core/cpu_quota.py), not the host's cores, with OpenMP threads that sleep while they
+    wait instead of spinning. The OpenMP settings take effect only when torch is not imported yet
+    (here: the first device pick of a service); OMP_NUM_THREADS / OMP_WAIT_POLICY set by the
+    operator win. Returns the intra-op thread count."""
+    import sys
+    late = "torch" in sys.modules
+    n = cpu_quota.prepare_openmp()
+    import torch
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(n)
+    except RuntimeError:   # inter-op work already ran in this process: its pool keeps its size
+        pass
+    log.info("torch CPU threads: %d (%d CPUs in the affinity mask, cgroup CPU quota %s; OpenMP wait policy %s%s)",
+             n, cpu_quota.affinity_cpus(), cpu_quota.cgroup_cpu_limit() or "none",
+             os.environ.get("OMP_WAIT_POLICY"), ", set after torch was loaded" if late else "")
+    return n
 
 
 _TORCH_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from laya_grpc.core import metrics
+from laya_grpc.core import memory, metrics
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.checkpoint import file_sha256
 from laya_grpc.core.packed_rows import PackedRows
@@ -246,3 +246,4 @@ def warm_runner(runner, ckpt, pad_id: int) -> None:
             rows.position_ids = np.tile(np.arange(t, dtype=np.int32), r)
             rows.option_ids = np.zeros_like(rows.ids)
         runner.run_rows(rows, pad_id, pad_to=-(-t // 8) * 8)
+    memory.freeze_warm_heap()   # later full collections skip the modules and this checkpoint

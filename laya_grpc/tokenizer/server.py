@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import cpu_quota, draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
@@ -150,6 +150,7 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
     log.info("tokenizer listening on %s%s", address, " and " + ipc_endpoint if ipc_endpoint else "")
     try:
         servicer.tokenizers = await asyncio.get_running_loop().run_in_executor(None, load_tokenizers, sources)
+        memory.freeze_warm_heap()
     except LayaError as e:
         log.error("cannot load tokenizers: %s", e.detail)
         print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
@@ -174,8 +175,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="address to serve on: HOST:PORT or unix:/path.sock")
     flags.add(p, "--checkpoint", env="LAYA_CHECKPOINTS", append=True, metavar="NAME=SOURCE",
               help="checkpoints whose tokenizers to serve (same specs as 'inference'); default: upstream's hub checkpoints")
-    flags.add(p, "--threads", env="LAYA_TOKENIZER_THREADS", default=max(1, min(4, os.cpu_count() or 1)), type=int,
-              help="threads running encode_batch (the tokenizers library releases the GIL)")
+    flags.add(p, "--threads", env="LAYA_TOKENIZER_THREADS", default=cpu_quota.pool_size(4), type=int,
+              help="threads running encode_batch (the tokenizers library releases the GIL); default: the CPUs "
+                   "this process may use (affinity and cgroup CPU quota), at most 4")
     metrics.add_flag(p, "LAYA_TOKENIZER_METRICS")
     ipc.add_flag(p, "LAYA_TOKENIZER_IPC", "Tokenize")
     draining.add_flag(p)

@@ -53,6 +53,8 @@ from typing import Optional
 
 from tokenizers import Tokenizer
 
+from laya_grpc.core import cpu_quota
+
 log = logging.getLogger("laya_grpc.tokenizer")
 
 GPT2_REGEX_MODE = "words"
@@ -178,7 +180,8 @@ def ascii_twin(tok: Tokenizer, cfg: Optional[dict] = None) -> Optional[Tokenizer
 
 def rayon_threads() -> int:
     """How many threads `encode_batch` can use: 1 when TOKENIZERS_PARALLELISM turns it off, else
-    rayon's RAYON_NUM_THREADS (or legacy RAYON_RS_NUM_CPUS), else the CPUs this process may use."""
+    rayon's RAYON_NUM_THREADS (or legacy RAYON_RS_NUM_CPUS), else the CPUs this process may use
+    (affinity mask and cgroup quota, as rayon's own default counts them)."""
     if os.environ.get("TOKENIZERS_PARALLELISM", "true").lower() in _FALSY:
         return 1
     for name in ("RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS"):
@@ -187,10 +190,7 @@ def rayon_threads() -> int:
             if int(value) > 0:
                 return int(value)
             break   # rayon: an explicit 0 means its default
-    try:   # rayon's default, available_parallelism, also honours a cgroup CPU quota: we may overcount
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return cpu_quota.available_cpus()
 
 
 # -- cutting and encoding -----------------------------------------------------------------------
