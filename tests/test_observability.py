@@ -110,14 +110,15 @@ class _Collector:
             def Export(self, request, context):
                 with outer.lock:
                     for rs in request.resource_spans:
-                        svc = next(a.value.string_value for a in rs.resource.attributes if a.key == "service.name")
+                        resource = {a.key: a.value for a in rs.resource.attributes}
+                        svc = resource["service.name"].string_value
                         for ss in rs.scope_spans:
                             for sp in ss.spans:
                                 attrs = {a.key: a.value for a in sp.attributes}
                                 outer.spans.append({"service": svc, "name": sp.name, "trace": sp.trace_id.hex(),
                                                     "id": sp.span_id.hex(), "parent": sp.parent_span_id.hex(),
                                                     "start": sp.start_time_unix_nano, "end": sp.end_time_unix_nano,
-                                                    "attrs": attrs})
+                                                    "attrs": attrs, "resource": resource})
                 return trace_service_pb2.ExportTraceServiceResponse()
 
         self.port = free_port()
@@ -137,8 +138,9 @@ class _Collector:
         return got
 
 
-HOPS = {"http decide", "tokenize", "tokenizer.tokenize", "infer", "inference.infer", "inference.queue",
-        "inference.forward", "decode"}
+ROOT_SPAN, TOKENIZE_SPAN, INFER_SPAN = ("POST /v1/systemone", "laya_proto.v1.TokenizerService/Tokenize",
+                                        "laya_proto.v1.InferenceService/Infer")
+HOPS = {ROOT_SPAN, "tokenize", TOKENIZE_SPAN, "infer", INFER_SPAN, "inference.queue", "inference.forward", "decode"}
 
 
 def test_one_trace_shows_every_hop(tiny_ckpt):
@@ -146,7 +148,8 @@ def test_one_trace_shows_every_hop(tiny_ckpt):
     col = _Collector()
     try:
         with Stack({"english": tiny_ckpt}, extra_args=["--otlp-endpoint", "http://127.0.0.1:%d" % col.port],
-                   env={"OTEL_BSP_SCHEDULE_DELAY": "100", "LAYA_MAX_CONCURRENT": "64"}) as s:
+                   env={"OTEL_BSP_SCHEDULE_DELAY": "100", "LAYA_MAX_CONCURRENT": "64",
+                        "K8S_POD_NAME": "laya-pod-7"}) as s:
             trace_id = "0af7651916cd43dd8448eb211c80319c"
             parent = "b7ad6b7169203331"
             status, _, headers = s.post("/v1/systemone", BODY, headers={
@@ -155,18 +158,34 @@ def test_one_trace_shows_every_hop(tiny_ckpt):
             spans = col.trace(trace_id, HOPS)
             by_name = {sp["name"]: sp for sp in spans}
             assert HOPS <= set(by_name), sorted(by_name)
-            assert by_name["http decide"]["parent"] == parent   # continues the client's trace
-            root = by_name["http decide"]["id"]
+            assert by_name[ROOT_SPAN]["parent"] == parent   # continues the client's trace
+            root = by_name[ROOT_SPAN]["id"]
             for child in ("tokenize", "infer", "decode"):
                 assert by_name[child]["parent"] == root
-            assert by_name["tokenizer.tokenize"]["parent"] == by_name["tokenize"]["id"]
-            assert by_name["inference.infer"]["parent"] == by_name["infer"]["id"]
+            assert by_name[TOKENIZE_SPAN]["parent"] == by_name["tokenize"]["id"]
+            assert by_name[INFER_SPAN]["parent"] == by_name["infer"]["id"]
             for step in ("inference.queue", "inference.forward"):
-                assert by_name[step]["parent"] == by_name["inference.infer"]["id"]
+                assert by_name[step]["parent"] == by_name[INFER_SPAN]["id"]
             assert by_name["inference.queue"]["end"] <= by_name["inference.forward"]["start"] + 1
-            assert {by_name[n]["service"] for n in ("http decide", "tokenizer.tokenize", "inference.forward")} == \
+            assert {by_name[n]["service"] for n in (ROOT_SPAN, TOKENIZE_SPAN, "inference.forward")} == \
                 {"laya-gateway", "laya-tokenizer", "laya-inference"}
-            assert by_name["http decide"]["attrs"]["laya.request_id"].string_value == "traced-1"
+            # OpenTelemetry's semantic conventions, and the resource of every process
+            attrs = by_name[ROOT_SPAN]["attrs"]
+            assert attrs["laya.request_id"].string_value == "traced-1"
+            assert (attrs["http.request.method"].string_value, attrs["http.route"].string_value,
+                    attrs["http.response.status_code"].int_value) == ("POST", "/v1/systemone", 200)
+            for name, service, method in ((TOKENIZE_SPAN, "laya_proto.v1.TokenizerService", "Tokenize"),
+                                          (INFER_SPAN, "laya_proto.v1.InferenceService", "Infer")):
+                a = by_name[name]["attrs"]
+                assert (a["rpc.system"].string_value, a["rpc.service"].string_value, a["rpc.method"].string_value) \
+                    == ("grpc", service, method)
+            assert by_name["inference.forward"]["attrs"]["laya.checkpoint"].string_value == "english"
+            from laya_grpc import __version__
+            for sp in spans:
+                res = sp["resource"]
+                assert res["service.version"].string_value == __version__, sp["name"]
+                assert res["k8s.pod.name"].string_value == "laya-pod-7", sp["name"]
+                assert res["host.name"].string_value, sp["name"]
 
             # concurrent requests share Infer calls and forward passes: each trace still has its own
             # forward span (the pass recorded in every request's trace)
@@ -179,7 +198,7 @@ def test_one_trace_shows_every_hop(tiny_ckpt):
                 got = col.trace(t, HOPS)
                 assert HOPS <= {sp["name"] for sp in got}, (t, sorted(sp["name"] for sp in got))
                 fwd = next(sp for sp in got if sp["name"] == "inference.forward")
-                shared += fwd["attrs"]["batch_rows"].int_value > 1
+                shared += fwd["attrs"]["laya.batch_rows"].int_value > 1
             print("requests whose forward pass was shared: %d of %d" % (shared, len(ids)))
     finally:
         col.server.stop(0)
@@ -196,7 +215,7 @@ def test_batched_forward_is_recorded_in_each_trace_in_memory():
     try:
         parents = []
         for rid in ("r1", "r2"):
-            with request_scope.observed("http", "decide", rid):
+            with request_scope.observed("http", "decide", rid, operation="POST /v1/systemone"):
                 with tracing.span("infer"):
                     parents.append(tracing.traceparent())
         assert len({p.split("-")[1] for p in parents}) == 2
@@ -206,11 +225,54 @@ def test_batched_forward_is_recorded_in_each_trace_in_memory():
         forwards = [sp for sp in spans if sp.name == "inference.forward"]
         assert len(forwards) == 2
         assert {sp.context.trace_id for sp in forwards} == \
-            {sp.context.trace_id for sp in spans if sp.name == "http decide"}
-        assert all(sp.attributes["batch_rows"] == 6 for sp in forwards)
+            {sp.context.trace_id for sp in spans if sp.name == "POST /v1/systemone"}
+        assert all(sp.attributes["laya.batch_rows"] == 6 for sp in forwards)
     finally:
         tracing.shutdown()
     assert not tracing.enabled() and tracing.traceparent() == ""
+
+
+def test_request_span_outcome_follows_the_conventions_in_memory():
+    """A gRPC request span carries rpc.* and rpc.grpc.status_code; only a server fault marks it an
+    error (a client's bad request does not), as an HTTP 5xx does."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+    from laya_grpc.core import request_scope, tracing
+    from laya_grpc.core.errors import Kind, LayaError
+    exporter = InMemorySpanExporter()
+    tracing.use(tracing._new_provider("test", SimpleSpanProcessor(exporter)))
+    try:
+        for kind in (Kind.BAD_REQUEST, Kind.INTERNAL):
+            with pytest.raises(LayaError):
+                with request_scope.observed("grpc", "decide", operation="laya_proto.v1.DecisionService/Decide"):
+                    raise LayaError(kind, "x")
+        with request_scope.observed("http", "decide", operation="POST /v1/systemone") as scope:
+            scope.status = 503
+        bad, internal, busy = exporter.get_finished_spans()
+        assert bad.name == "laya_proto.v1.DecisionService/Decide"
+        assert (bad.attributes["rpc.system"], bad.attributes["rpc.service"], bad.attributes["rpc.method"]) == \
+            ("grpc", "laya_proto.v1.DecisionService", "Decide")
+        assert (bad.attributes["rpc.grpc.status_code"], bad.status.status_code) == (3, StatusCode.UNSET)
+        assert (internal.attributes["rpc.grpc.status_code"], internal.status.status_code) == (13, StatusCode.ERROR)
+        assert (busy.attributes["http.response.status_code"], busy.status.status_code) == (503, StatusCode.ERROR)
+        assert "http.response.status_code" not in bad.attributes and "rpc.system" not in busy.attributes
+    finally:
+        tracing.shutdown()
+
+
+def test_resource_names_the_pod(monkeypatch):
+    from laya_grpc import __version__
+    from laya_grpc.core import tracing
+    monkeypatch.setenv("K8S_POD_NAME", "laya-inference-5d9f")
+    monkeypatch.setenv("K8S_NAMESPACE_NAME", "laya")
+    monkeypatch.delenv("K8S_NODE_NAME", raising=False)
+    attrs = tracing.resource_attributes("inference")
+    assert attrs["service.name"] == "laya-inference" and attrs["service.version"] == __version__
+    assert (attrs["k8s.pod.name"], attrs["k8s.namespace.name"]) == ("laya-inference-5d9f", "laya")
+    assert "k8s.node.name" not in attrs and attrs["host.name"]
+    assert attrs["service.instance.id"].startswith("laya-inference-5d9f:")
 
 
 def test_tracing_off_imports_no_sdk():

@@ -1,7 +1,8 @@
 """One decision request's bookkeeping, the same for HTTP and gRPC: its id (the client's
 x-request-id or a new one), its trace span, its metrics and its access-log line.
 
-    with observed("http", "decide", headers.get("x-request-id"), headers.get("traceparent")) as scope:
+    with observed("http", "decide", headers.get("x-request-id"), headers.get("traceparent"),
+                  operation="POST /v1/systemone") as scope:
         ...                      # scope.request_id goes back to the client
         ...                      # 200 unless scope.status says otherwise or a LayaError raised
                                  # through sets its kind's status
@@ -27,22 +28,29 @@ class Scope:
 
 
 @contextlib.contextmanager
-def observed(api: str, route: str, supplied_id: Optional[str] = None, traceparent: Optional[str] = None):
+def observed(api: str, route: str, supplied_id: Optional[str] = None, traceparent: Optional[str] = None,
+             operation: str = ""):
+    """`operation` names the trace span in OpenTelemetry's form (`POST /v1/systemone`,
+    `laya_proto.v1.DecisionService/Decide`); `api route` when not given."""
     rid = request_id.accept(supplied_id)
     ctx, token = request_id.begin(rid, traceparent or "")
     scope = Scope(rid, ctx)
     t0 = time.perf_counter()
     try:
-        with tracing.request_span("%s %s" % (api, route), traceparent or "", **{"laya.request_id": rid}):
+        with tracing.request_span(operation or "%s %s" % (api, route), traceparent or "", request_id=rid):
+            grpc_code = 13   # INTERNAL: what a gRPC client sees for an exception that is no LayaError
             try:
                 yield scope
                 scope.status = scope.status or 200
+                grpc_code = 0
             except LayaError as e:
                 scope.status = e.kind.http_status
+                grpc_code = e.kind.grpc_code.value[0]
                 raise
             finally:
                 if tracing.enabled():
-                    tracing.set_attributes(**{"laya.status": scope.status or 500, "laya.checkpoint": ctx.checkpoint})
+                    tracing.finish_request(scope.status or 500, grpc_code if api == "grpc" else None,
+                                           checkpoint=ctx.checkpoint)
     finally:
         status = scope.status or 500   # an exception that is no LayaError is a bug: the client saw a 500
         seconds = time.perf_counter() - t0

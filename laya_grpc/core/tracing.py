@@ -8,6 +8,15 @@ forward pass for many requests: the inference service records that pass in *each
 trace (`inference.queue` then `inference.forward`, same timestamps in every trace, attributes
 saying how many rows and requests shared it), so one trace shows every hop of its request.
 
+Names and attributes follow OpenTelemetry's semantic conventions where one exists: the request
+span of an HTTP request is `{method} {route}` with `http.request.method`, `http.route`, `url.path`
+and `http.response.status_code`; a gRPC request's, and the services' spans of the internal calls,
+are `{service}/{method}` with `rpc.system`, `rpc.service`, `rpc.method` and, for the request,
+`rpc.grpc.status_code`. This product's own facts are keyword arguments of the helpers here and
+are namespaced `laya.` (`laya.request_id`, `laya.checkpoint`, `laya.batch_rows`, ...). Each
+process's resource says which service, version, host and (from the downward-API variables
+K8S_POD_NAME, K8S_NAMESPACE_NAME, K8S_NODE_NAME) which pod it is; OTEL_RESOURCE_ATTRIBUTES adds more.
+
 opentelemetry-sdk and the OTLP exporter are the `otel` extra and are imported only when tracing
 is enabled; with it off every helper here is a constant no-op (no per-request work).
 """
@@ -15,12 +24,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import time
 from typing import Iterable, Optional
 
 log = logging.getLogger("laya_grpc.core.tracing")
 
 _NOOP = contextlib.nullcontext()
+# The services' spans of the internal calls (the contract's RPCs, whichever transport carries them).
+TOKENIZE = "laya_proto.v1.TokenizerService/Tokenize"
+INFER = "laya_proto.v1.InferenceService/Infer"
 _tracer = None        # an opentelemetry Tracer once enabled
 _provider = None
 _propagator = None
@@ -53,10 +67,27 @@ def setup(service: str, endpoint: Optional[str]) -> bool:
     return True
 
 
+# Resource attributes read from the environment (set from the pod by the Kubernetes manifests).
+_K8S_ENV = {"k8s.pod.name": "K8S_POD_NAME", "k8s.namespace.name": "K8S_NAMESPACE_NAME",
+            "k8s.node.name": "K8S_NODE_NAME"}
+# gRPC status codes that make a server span an error (the semantic conventions' list).
+_GRPC_SERVER_ERRORS = {2, 4, 12, 13, 14, 15}
+
+
+def resource_attributes(service: str) -> dict:
+    """Who emits the spans: service, version, host, process, and the pod when running in one."""
+    from .. import __version__
+    attrs = {"service.name": "laya-" + service, "service.namespace": "laya", "service.version": __version__,
+             "host.name": socket.gethostname(), "process.pid": os.getpid()}
+    attrs.update({key: os.environ[var] for key, var in _K8S_ENV.items() if os.environ.get(var)})
+    attrs["service.instance.id"] = attrs.get("k8s.pod.name", attrs["host.name"]) + ":%d" % attrs["process.pid"]
+    return attrs
+
+
 def _new_provider(service: str, processor):
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    provider = TracerProvider(resource=Resource.create({"service.name": "laya-" + service}))
+    provider = TracerProvider(resource=Resource.create(resource_attributes(service)))
     provider.add_span_processor(processor)
     return provider
 
@@ -84,29 +115,70 @@ def _parent(traceparent: str):
     return _propagator.extract({"traceparent": traceparent}) if traceparent else None
 
 
-def request_span(name: str, traceparent: str = "", **attributes):
-    """The gateway's span for one request, continuing the client's trace when it sent a traceparent."""
+def _own(attributes: dict) -> dict:
+    return {"laya." + k: v for k, v in attributes.items() if v is not None}
+
+
+def operation_attributes(operation: str) -> dict:
+    """The standard attributes a span name in the conventions' form stands for: `METHOD /route`
+    (HTTP server) or `package.Service/Method` (RPC)."""
+    method, sep, route = operation.partition(" ")
+    if sep:
+        return {"http.request.method": method, "http.route": route, "url.path": route}
+    service, sep, method = operation.rpartition("/")
+    if sep:
+        return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+    return {}
+
+
+def request_span(operation: str, traceparent: str = "", **attributes):
+    """The gateway's span for one request, continuing the client's trace when it sent a traceparent.
+    `operation` is `POST /v1/systemone` or `laya_proto.v1.DecisionService/Decide` (see
+    operation_attributes); `finish_request` records the outcome."""
     if _tracer is None:
         return _NOOP
     from opentelemetry.trace import SpanKind
-    return _tracer.start_as_current_span(name, context=_parent(traceparent), kind=SpanKind.SERVER,
-                                         attributes=attributes)
+    # the status is finish_request's: a client's error that propagates is no server error
+    return _tracer.start_as_current_span(operation, context=_parent(traceparent), kind=SpanKind.SERVER,
+                                         attributes={**operation_attributes(operation), **_own(attributes)},
+                                         record_exception=False, set_status_on_exception=False)
+
+
+def finish_request(http_status: int, grpc_code: Optional[int], **attributes) -> None:
+    """The current request span's outcome: `rpc.grpc.status_code` for a gRPC request (`grpc_code`),
+    `http.response.status_code` otherwise, and an error status where the conventions say so
+    (HTTP 5xx; the gRPC codes of a server fault)."""
+    if _tracer is None:
+        return
+    from opentelemetry import trace
+    from opentelemetry.trace import Status, StatusCode
+    current = trace.get_current_span()
+    if grpc_code is None:
+        current.set_attribute("http.response.status_code", http_status)
+        failed = http_status >= 500
+    else:
+        current.set_attribute("rpc.grpc.status_code", grpc_code)
+        failed = grpc_code in _GRPC_SERVER_ERRORS
+    current.set_attributes(_own(attributes))
+    if failed:
+        current.set_status(Status(StatusCode.ERROR))
 
 
 def span(name: str, **attributes):
     """A child of the current span (no-op when tracing is off)."""
     if _tracer is None:
         return _NOOP
-    return _tracer.start_as_current_span(name, attributes=attributes)
+    return _tracer.start_as_current_span(name, attributes=_own(attributes))
 
 
-def server_span(name: str, traceparent: str, **attributes):
-    """A service's span for an internal call, in the trace of the caller's traceparent."""
+def server_span(operation: str, traceparent: str, **attributes):
+    """A service's span for an internal call (`laya_proto.v1.TokenizerService/Tokenize`), in the
+    trace of the caller's traceparent."""
     if _tracer is None or not traceparent:
         return _NOOP
     from opentelemetry.trace import SpanKind
-    return _tracer.start_as_current_span(name, context=_parent(traceparent), kind=SpanKind.SERVER,
-                                         attributes=attributes)
+    return _tracer.start_as_current_span(operation, context=_parent(traceparent), kind=SpanKind.SERVER,
+                                         attributes={**operation_attributes(operation), **_own(attributes)})
 
 
 def traceparent() -> str:
@@ -118,19 +190,12 @@ def traceparent() -> str:
     return carrier.get("traceparent", "")
 
 
-def set_attributes(**attributes) -> None:
-    if _tracer is None:
-        return
-    from opentelemetry import trace
-    trace.get_current_span().set_attributes(attributes)
-
-
 def record_batched(traceparents: Iterable[str], call_start_ns: int, queue_ms: float, model_ms: float,
                    **attributes) -> None:
     """The inference service's part of each request's trace, once its forward pass is done:
-    `inference.infer` (the call) > `inference.queue` (waiting for the device) > `inference.forward`
-    (the pass it shared; `attributes` say with how many rows and requests). Timestamps are the
-    same in every request's trace."""
+    `laya_proto.v1.InferenceService/Infer` (the call) > `inference.queue` (waiting for the device) >
+    `inference.forward` (the pass it shared; `attributes` say with how many rows and requests).
+    Timestamps are the same in every request's trace."""
     if _tracer is None:
         return
     from opentelemetry import trace
@@ -138,11 +203,12 @@ def record_batched(traceparents: Iterable[str], call_start_ns: int, queue_ms: fl
     end_ns = time.time_ns()   # the reply follows the pass at once: time it back from here
     forward_start = max(call_start_ns, end_ns - int(model_ms * 1e6))
     queue_start = max(call_start_ns, forward_start - int(queue_ms * 1e6))
+    call_attributes, attributes = operation_attributes(INFER), _own(attributes)
     for tp in traceparents:
         if not tp:
             continue
-        call = _tracer.start_span("inference.infer", context=_parent(tp), kind=SpanKind.SERVER,
-                                  start_time=call_start_ns)
+        call = _tracer.start_span(INFER, context=_parent(tp), kind=SpanKind.SERVER, start_time=call_start_ns,
+                                  attributes=call_attributes)
         inside = trace.set_span_in_context(call)
         _tracer.start_span("inference.queue", context=inside, start_time=queue_start).end(end_time=forward_start)
         fwd = _tracer.start_span("inference.forward", context=inside, start_time=forward_start, attributes=attributes)

@@ -26,6 +26,9 @@ from .typed_answer import pack_result
 from .typed_request import batch_body, decide_body
 
 S = status_pb2
+# Trace span names of the decision RPCs, in OpenTelemetry's `package.Service/Method` form.
+_OPERATION = {m.name: "%s/%s" % (m.containing_service.full_name, m.name)
+              for m in decision_pb2.DESCRIPTOR.services_by_name["DecisionService"].methods}
 
 
 class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
@@ -52,7 +55,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     @rpc.servicer_errors
     async def Decide(self, request, context):
-        with request_scope.observed("grpc", "decide", *request_id.from_metadata(context.invocation_metadata())) as scope, \
+        with request_scope.observed("grpc", "decide", *request_id.from_metadata(context.invocation_metadata()),
+                                    operation=_OPERATION["Decide"]) as scope, \
                 deadline.within(context.time_remaining()):   # the client's deadline bounds the backend calls
             await context.send_initial_metadata(((request_id.HEADER, scope.request_id),))
             return await self._decide(request, self._denied(context))
@@ -64,7 +68,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         _, traceparent = request_id.from_metadata(context.invocation_metadata())
 
         async def one(request):   # each call is a request of its own: own id, span, access-log line
-            with request_scope.observed("grpc", "decide", None, traceparent):
+            with request_scope.observed("grpc", "decide", None, traceparent, operation=_OPERATION["DecideStream"]):
                 if denied is not None or self.admission is None:
                     return await self._decide(request, denied)
                 async with self.admission.slot():   # over the limit: this call's reply is the 503 (UNAVAILABLE)
@@ -88,7 +92,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 
     @rpc.servicer_errors
     async def DecideBatch(self, request, context):
-        with request_scope.observed("grpc", "batch", *request_id.from_metadata(context.invocation_metadata())) as scope, \
+        with request_scope.observed("grpc", "batch", *request_id.from_metadata(context.invocation_metadata()),
+                                    operation=_OPERATION["DecideBatch"]) as scope, \
                 deadline.within(context.time_remaining()):
             await context.send_initial_metadata(((request_id.HEADER, scope.request_id),))
             return await self._decide_batch(request, context)

@@ -153,7 +153,8 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
     def decision_route(route: str, parse: Callable, run: Callable[[Any], Awaitable[dict]]):
         async def endpoint(request: Request) -> Response:
             headers = request.headers
-            with request_scope.observed("http", route, headers.get("x-request-id"), headers.get("traceparent")) as scope:
+            with request_scope.observed("http", route, headers.get("x-request-id"), headers.get("traceparent"),
+                                        operation="%s %s" % (request.method, _route_path(request.scope))) as scope:
                 try:
                     response = await answer(request)
                 except LayaError as error:

@@ -87,7 +87,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
         self._calls[self.serving].inc()
         self.inflight += 1
         try:
-            with tracing.server_span("tokenizer.tokenize", request.origin.traceparent, checkpoint=request.checkpoint):
+            with tracing.server_span(tracing.TOKENIZE, request.origin.traceparent, checkpoint=request.checkpoint):
                 return await self._tokenize(request)
         finally:
             self.inflight -= 1
