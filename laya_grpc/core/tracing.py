@@ -26,14 +26,6 @@ _provider = None
 _propagator = None
 
 
-def add_flag(parser) -> None:
-    from . import flags
-    flags.add(parser, "--otlp-endpoint", env="LAYA_OTLP_ENDPOINT", default=None, metavar="URL",
-              help="send OpenTelemetry traces (one per request, every hop: gateway, tokenize, queue wait, "
-                   "forward, decode) to this OTLP gRPC collector, e.g. http://otel-collector:4317; off by "
-                   "default (needs the 'otel' extra)")
-
-
 def enabled() -> bool:
     return _tracer is not None
 
