@@ -26,8 +26,8 @@ def test_decide_and_watch_have_their_own_help_and_decide_timeout_is_explained():
     decide, watch = cli("decide", "--help").stdout, cli("watch", "--help").stdout
     assert "one decision" in decide and "status stream" in watch
     assert "one decision" not in watch and "status stream" not in decide
-    timeout_help = " ".join(decide.rsplit("--timeout TIMEOUT", 1)[1].split())
-    assert timeout_help.startswith("seconds to wait for the answer")
+    timeout_help = " ".join(decide.rsplit("--timeout SECONDS", 1)[1].split())
+    assert timeout_help.startswith("time to wait for the answer")
 
 
 def test_predict_help_gives_the_requests_format():
@@ -93,8 +93,8 @@ def test_an_unknown_model_name_is_auto_routed_with_a_warning(caplog):
 
 def test_bench_out_defaults_under_the_current_directory(tmp_path):
     from laya_grpc.bench.suite import add_arguments
-    import argparse
-    p = argparse.ArgumentParser()
+    from laya_grpc.core import flags
+    p = flags.Parser()
     add_arguments(p)
-    out = p.parse_args([]).out
+    out = flags.finish(p, p.parse_args([]), env={}).out
     assert not os.path.isabs(out) and out == os.path.join("benchmarks", "results", "latest")

@@ -18,10 +18,12 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import numpy as np
 
 from laya_grpc.core import flags, synth_tokenizer
+from laya_grpc.core.flags import setting
 from laya_grpc.core.checkpoint_shapes import Dims, tensor_shapes
 
 
@@ -63,24 +65,23 @@ TEMPERATURE_BY_OPTIONS = {"choice:2": 1.2, "choice:3-5": 0.8, "choice:6-10": 1.5
                           "score:3-5": 0.7, "noul:2": 1.05}
 
 
+@dataclass
+class MakeCheckpointSettings:
+    ENV_PREFIX = "LAYA_MAKE_CHECKPOINT_"
+    SECTION = "checkpoint"
+    preset: Optional[str] = setting(None, "shapes and tokenizer", choices=tuple(sorted(PRESETS)), required=True)
+    seed: int = setting(0, "weights seed (same seed, same bytes)", type=int)
+    option_layout: Optional[str] = setting(None, "write this option_layout into rl_agent_config.json "
+                                           "(default: the preset's)", choices=("sequential", "parallel"))
+    force: bool = setting(False, "replace DIR if it exists")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", help="directory to write (created; must not exist unless --force)")
-    flags.add(parser, "--preset", env="LAYA_MAKE_CHECKPOINT_PRESET", choices=sorted(PRESETS),
-              help="shapes and tokenizer (required)")
-    flags.add(parser, "--seed", env="LAYA_MAKE_CHECKPOINT_SEED", type=int, default=0,
-              help="weights seed (same seed, same bytes)")
-    flags.add(parser, "--option-layout", env="LAYA_MAKE_CHECKPOINT_OPTION_LAYOUT",
-              choices=("sequential", "parallel"),
-              help="write this option_layout into rl_agent_config.json (default: the preset's)")
-    flags.add(parser, "--force", env="LAYA_MAKE_CHECKPOINT_FORCE", action="store_true",
-              help="replace DIR if it exists")
+    flags.add_settings(parser, MakeCheckpointSettings)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.preset is None:
-        print("laya-grpc make-checkpoint: --preset is required (one of %s)" % ", ".join(sorted(PRESETS)),
-              file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
     big = args.preset in ("large", "ml-base")
     try:
