@@ -65,15 +65,18 @@ async def serve(args: argparse.Namespace) -> int:
             control = rpc.bind(grpc_server, args.control)
         except RuntimeError as e:
             raise LayaError(Kind.INVALID, "cannot listen on --control %s: %s" % (args.control, e)) from None
+    # the HTTP socket before the gRPC server starts: a port in use ends here with one message, not
+    # with a running gRPC server that the closed event loop cannot shut down
+    host, port = split_host_port(args.http, "--http")
+    http_socket = listen_socket(host, port, args.reuse_port)
     await grpc_server.start()
 
-    host, port = split_host_port(args.http, "--http")
     app = build_app(decider, settings, args.request_timeout_s, admission)
     http = build_server(app, host, port, args, settings.root_path)
     services.start()
 
     readiness = asyncio.ensure_future(follow_readiness(services, feed, app, settings.api_key, hs))
-    http_task = asyncio.ensure_future(http.serve(sockets=[listen_socket(host, port, args.reuse_port)]))
+    http_task = asyncio.ensure_future(http.serve(sockets=[http_socket]))
     log.info("gateway: http on %s:%d, grpc on %s%s, tokenizer %s, inference %s", host, port, status.address,
              " (this worker: %s)" % control if control else "", ",".join(split_entries(args.tokenizer)),
              ",".join(split_entries(args.inference)))
