@@ -324,6 +324,11 @@ def external(name: str, default: Optional[str] = None) -> Optional[str]:
     return os.environ.get(name, default)
 
 
+def external_default(name: str, value: str) -> None:
+    """Set another library's variable for this process unless it is set (GRPC_VERBOSITY)."""
+    os.environ.setdefault(name, value)
+
+
 # Variables of the machinery rather than settings: the restart counts serve gives its children, and
 # the gRPC message limit core/rpc.py reads at import (lowered by tests).
 INTERNAL = ("LAYA_SUPERVISOR_RESTARTS", "LAYA_GRPC_MAX_MESSAGE_BYTES")
@@ -339,7 +344,12 @@ def child_environment(settings_env: Mapping[str, str], extra: Optional[Mapping[s
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that answers an unknown flag with the nearest known ones."""
+    """argparse that answers an unknown flag with the nearest known ones, and takes no abbreviations
+    (a flag added later would change what a prefix means)."""
+
+    def __init__(self, *a, **kw):
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*a, **kw)
 
     def error(self, message: str):
         if message.startswith("unrecognized arguments:"):

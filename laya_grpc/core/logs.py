@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 
@@ -78,7 +77,8 @@ def quiet_grpc_core() -> None:
     """gRPC's C core writes its own lines to stderr (e.g. `I1203 ... fork_posix.cc:71] Other threads
     are currently calling into gRPC, skipping fork() handlers` when serve restarts a child): only
     errors, unless GRPC_VERBOSITY says otherwise. Must run before grpc is imported."""
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    from . import flags
+    flags.external_default("GRPC_VERBOSITY", "ERROR")
 
 
 def setup(service: str, fmt: str | None = None, level: str | None = None, access: bool = True) -> None:
