@@ -48,6 +48,36 @@ class DrainSettings:
                                    deprecated=("--drain-grace-s", "LAYA_DRAIN_GRACE_S"))
 
 
+# How upstream laya reads its own variables (laya/serve.py `_env_bool`, `_resolve_*`).
+
+def upstream_bool(raw: str):
+    """Upstream `_env_bool`: blank is the default; only 1/true/yes/on turn it on."""
+    if not raw.strip():
+        return USE_DEFAULT
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def upstream_positive_int(raw: str):
+    """Upstream's numeric variables: blank, unparseable or not positive is the default."""
+    try:
+        n = int(str(raw).strip())
+    except ValueError:
+        return USE_DEFAULT
+    return n if n > 0 else USE_DEFAULT
+
+
+def upstream_seconds(raw: str):
+    try:
+        value = float(raw)
+    except ValueError:
+        return USE_DEFAULT
+    return value if 0.0 < value < float("inf") else USE_DEFAULT
+
+
+def upstream_text(raw: str):
+    return raw.strip() or USE_DEFAULT
+
+
 def upstream_extra_models(raw: str) -> Any:
     """`LAYA_EXTRA_MODELS` as upstream reads it: a JSON object {name: source | [repo, subfolder]};
     blank is none, anything malformed refuses to start."""

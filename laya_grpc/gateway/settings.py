@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from laya_grpc.core.flags import USE_DEFAULT, positive_int, positive_seconds, setting
-from laya_grpc.core.settings import ServiceSettings
+from laya_grpc.core.settings import (ServiceSettings, upstream_bool, upstream_positive_int, upstream_seconds,
+                                    upstream_text)
 
 DEFAULT_MAX_CONCURRENT = 16
 DEFAULT_BODY_READ_TIMEOUT = 10.0
@@ -25,33 +26,6 @@ DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_IDLE_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 1024
-
-
-def upstream_bool(raw: str):
-    """Upstream `_env_bool`: blank is the default; only 1/true/yes/on turn it on."""
-    if not raw.strip():
-        return USE_DEFAULT
-    return raw.strip().lower() in ("1", "true", "yes", "on")
-
-
-def upstream_positive_int(raw: str):
-    try:
-        n = int(str(raw).strip())
-    except ValueError:
-        return USE_DEFAULT
-    return n if n > 0 else USE_DEFAULT
-
-
-def upstream_seconds(raw: str):
-    try:
-        value = float(raw)
-    except ValueError:
-        return USE_DEFAULT
-    return value if 0.0 < value < float("inf") else USE_DEFAULT
-
-
-def upstream_text(raw: str):
-    return raw.strip() or USE_DEFAULT
 
 
 def upstream_port(raw: str):

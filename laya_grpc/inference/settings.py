@@ -5,18 +5,9 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 from laya_grpc.core.flags import USE_DEFAULT, positive_int, setting
-from laya_grpc.core.settings import ServiceSettings
+from laya_grpc.core.settings import ServiceSettings, upstream_positive_int
 
 LISTEN = "127.0.0.1:50052"
-
-
-def upstream_positive_int(raw: str):
-    """Upstream's reading of its numeric variables: blank, unparseable or not positive is the default."""
-    try:
-        n = int(str(raw).strip())
-    except ValueError:
-        return USE_DEFAULT
-    return n if n > 0 else USE_DEFAULT
 
 
 def upstream_names(raw: str):
