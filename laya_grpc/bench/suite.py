@@ -1,10 +1,10 @@
 """`laya-grpc bench`: upstream laya and our engine, gRPC Decide and HTTP gateway, in ONE run on
 the same machine, checkpoint and inputs; JSONL + markdown report (+ PNG plots) under --out.
 
-Each in-process target runs in its own child process (benchmarks/inproc.py) so its load time
-and memory are its own; the served stack is measured from outside (benchmarks/service.py).
+Each in-process target runs in its own child process so its load time and memory are its own;
+the served stack is measured from outside, over HTTP and gRPC.
 `--smoke` makes tiny checkpoints and runs every stage with a handful of iterations on CPU, which
-is what CI runs (tests/test_bench_smoke.py).
+is what CI runs.
 """
 from __future__ import annotations
 

@@ -4,7 +4,10 @@ The embedded default deployment. Each service runs in its own process (text work
 competes with the device thread for the GIL); the supervisor restarts a child that dies, and
 the gateway's status stream reports it going down and coming back. With several inference
 replicas (`--inference-replicas`, or `--device` listing several devices) the gateway balances over
-them as over remote replicas (gateway/balancing.py): a dead or restarting one gets no calls.
+them as over remote replicas: a dead or restarting one gets no calls.
+
+Every flag of the gateway, inference and tokenizer services is a flag of serve too, and reaches
+every process it starts. 'laya-grpc config serve [FLAGS...]' prints the settings it would run with.
 """
 from __future__ import annotations
 
