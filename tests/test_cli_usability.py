@@ -3,6 +3,7 @@ warning for an unknown `model`, bench's default output folder. Fast: no services
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import subprocess
@@ -98,3 +99,30 @@ def test_bench_out_defaults_under_the_current_directory(tmp_path):
     add_arguments(p)
     out = flags.finish(p, p.parse_args([]), env={}).out
     assert not os.path.isabs(out) and out == os.path.join("benchmarks", "results", "latest")
+
+
+def test_watch_json_uses_the_proto_field_names_like_health():
+    out = _Out(tty=False)
+    _Printer(out, as_json=True).show(_event(1, True))
+    ev = json.loads(out.getvalue())
+    assert "time_unix" in ev and "timeUnix" not in ev
+    assert ev["services"][0]["checkpoints"][0]["state"] == "STATE_READY"
+
+
+def test_decide_questions_take_inline_json_or_a_file(tmp_path):
+    from laya_grpc.cli.remote import _questions_text
+    inline = '{"q": {"type": "noul", "instructions": "ok?"}}'
+    assert _questions_text(inline) == inline
+    (tmp_path / "q.json").write_text(inline)
+    assert _questions_text(str(tmp_path / "q.json")) == inline
+
+
+def test_a_port_in_use_is_one_message_without_a_traceback():
+    import socket
+    from tests.stack import free_port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = cli("gateway", "--port", str(taken.getsockname()[1]), "--grpc-port", str(free_port()))
+    assert r.returncode == 2 and "Address already in use" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "Event loop is closed" not in r.stderr, r.stderr
