@@ -96,6 +96,7 @@ def test_upstream_variables_are_read_as_upstream_reads_them():
     assert (s.max_concurrent, s.body_read_timeout, s.max_token_budget) == (16, 10.0, 8192)
     assert s.jev_strict is False and s.auto_task is True and s.api_key is None and s.default_model == "english"
     assert "ignored" in a.sources["max_concurrent"].via
+    assert resolve(GatewaySettings, [], {"LAYA_API_KEY": " k "}).api_key == " k "   # upstream takes it as is
     # while the flag is strict: a bad value is a usage error
     r = cli("config", "gateway", "--max-concurrent-requests", "abc")
     assert r.returncode == 2 and "--max-concurrent-requests" in r.stderr

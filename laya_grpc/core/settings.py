@@ -66,6 +66,11 @@ def upstream_positive_int(raw: str):
     return n if n > 0 else USE_DEFAULT
 
 
+def upstream_as_is(raw: str):
+    """A text variable upstream reads as it is (`LAYA_API_KEY`, `LAYA_ROOT_PATH`); empty is unset."""
+    return raw if raw else USE_DEFAULT
+
+
 def upstream_seconds(raw: str):
     try:
         value = float(raw)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from laya_grpc.core.flags import USE_DEFAULT, positive_int, positive_seconds, setting
-from laya_grpc.core.settings import (ServiceSettings, upstream_bool, upstream_positive_int, upstream_seconds,
-                                    upstream_text)
+from laya_grpc.core.settings import (ServiceSettings, upstream_as_is, upstream_bool, upstream_positive_int,
+                                    upstream_seconds, upstream_text)
 
 DEFAULT_MAX_CONCURRENT = 16
 DEFAULT_BODY_READ_TIMEOUT = 10.0
@@ -62,7 +62,7 @@ class GatewayOptions:
     grpc_port: Optional[int] = setting(None, "the gRPC port, replacing the port of --grpc", type=port_number)
     api_key: Optional[str] = setting(None, "require 'Authorization: Bearer KEY' (HTTP) or the 'authorization' "
                                      "metadata (gRPC) on the decision routes", env="LAYA_API_KEY",
-                                     env_parse=upstream_text, secret=True, metavar="KEY")
+                                     env_parse=upstream_as_is, secret=True, metavar="KEY")
     max_concurrent: int = setting(DEFAULT_MAX_CONCURRENT, "decision requests (HTTP and gRPC together) served "
                                   "at once; one more is refused at once (503 busy, RESOURCE_EXHAUSTED)",
                                   name="max_concurrent_requests", type=positive_int, env="LAYA_MAX_CONCURRENT",
@@ -83,8 +83,7 @@ class GatewayOptions:
                                            "(upstream's default: multilingual)", env="LAYA_DEFAULT_MODEL",
                                            env_parse=upstream_text, metavar="NAME")
     root_path: str = setting("", "public URL prefix when behind a reverse proxy", env="LAYA_ROOT_PATH",
-                             env_parse=upstream_text,
-                             metavar="PATH")
+                             env_parse=upstream_as_is, metavar="PATH")
     request_timeout_s: float = setting(DEFAULT_REQUEST_TIMEOUT_S, "HTTP decision requests fail 408 after this "
                                        "long; the backend calls get what is left as their gRPC deadline (gRPC "
                                        "clients set their own deadline); 0 = no limit", type=float,
