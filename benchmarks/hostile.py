@@ -291,7 +291,7 @@ def main() -> int:
                     help="comma-separated subset of fuzz (with memory), hol, hol_max, cancel, slow, auth")
     args = ap.parse_args()
     ckpt = args.checkpoint or make_checkpoint(os.path.join(tempfile.mkdtemp(prefix="hostile-bench-"), "tiny"), "tiny")
-    env = {"LAYA_API_KEY": KEY, "LAYA_HTTP_HEADER_TIMEOUT": str(HEADER_TIMEOUT_S), "LAYA_MAX_CONCURRENT": "64"}
+    env = {"LAYA_API_KEY": KEY, "LAYA_HTTP_HEADER_TIMEOUT_SECONDS": str(HEADER_TIMEOUT_S), "LAYA_MAX_CONCURRENT": "64"}
     figures: dict = {"load_average_at_start": os.getloadavg()}
     with Stack({"english": ckpt}, env=env) as stack, httpx.Client(timeout=600) as client:
         ch = grpc.insecure_channel(stack.grpc)

@@ -19,7 +19,7 @@ def test_bench_smoke(tmp_path):
     out = tmp_path / "results"
     r = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "bench", "--smoke", "--device", "cpu",
                         "--out", os.path.relpath(out, ROOT),   # relative, as typed: the stages run elsewhere "--work-dir", str(tmp_path / "work"), "--concurrency", "1,4",
-                        "--idle-gaps", "0.1", "--stages", "engine,upstream,service,replicas", "--replicas", "1,2",
+                        "--idle-gaps-seconds", "0.1", "--stages", "engine,upstream,service,replicas", "--replicas", "1,2",
                         "--replica-clients", "2,4"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={k: v for k, v in os.environ.items() if not k.startswith("LAYA_")})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -54,7 +54,7 @@ def test_bench_smoke_mlx_backend(tmp_path):
     out = tmp_path / "results"
     r = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "bench", "--smoke", "--backend", "mlx", "--device", "cpu",
                         "--stages", "engine,service", "--out", str(out), "--work-dir", str(tmp_path / "work"),
-                        "--concurrency", "1,4", "--idle-gaps", "0.1"], cwd=ROOT, capture_output=True, text=True,
+                        "--concurrency", "1,4", "--idle-gaps-seconds", "0.1"], cwd=ROOT, capture_output=True, text=True,
                        timeout=600, env={k: v for k, v in os.environ.items() if not k.startswith("LAYA_")})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]

@@ -3,6 +3,7 @@ warning for an unknown `model`, bench's default output folder. Fast: no services
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import subprocess
@@ -26,8 +27,8 @@ def test_decide_and_watch_have_their_own_help_and_decide_timeout_is_explained():
     decide, watch = cli("decide", "--help").stdout, cli("watch", "--help").stdout
     assert "one decision" in decide and "status stream" in watch
     assert "one decision" not in watch and "status stream" not in decide
-    timeout_help = " ".join(decide.rsplit("--timeout TIMEOUT", 1)[1].split())
-    assert timeout_help.startswith("seconds to wait for the answer")
+    timeout_help = " ".join(decide.rsplit("--timeout SECONDS", 1)[1].split())
+    assert timeout_help.startswith("time to wait for the answer")
 
 
 def test_predict_help_gives_the_requests_format():
@@ -93,8 +94,35 @@ def test_an_unknown_model_name_is_auto_routed_with_a_warning(caplog):
 
 def test_bench_out_defaults_under_the_current_directory(tmp_path):
     from laya_grpc.bench.suite import add_arguments
-    import argparse
-    p = argparse.ArgumentParser()
+    from laya_grpc.core import flags
+    p = flags.Parser()
     add_arguments(p)
-    out = p.parse_args([]).out
+    out = flags.finish(p, p.parse_args([]), env={}).out
     assert not os.path.isabs(out) and out == os.path.join("benchmarks", "results", "latest")
+
+
+def test_watch_json_uses_the_proto_field_names_like_health():
+    out = _Out(tty=False)
+    _Printer(out, as_json=True).show(_event(1, True))
+    ev = json.loads(out.getvalue())
+    assert "time_unix" in ev and "timeUnix" not in ev
+    assert ev["services"][0]["checkpoints"][0]["state"] == "STATE_READY"
+
+
+def test_decide_questions_take_inline_json_or_a_file(tmp_path):
+    from laya_grpc.cli.remote import _questions_text
+    inline = '{"q": {"type": "noul", "instructions": "ok?"}}'
+    assert _questions_text(inline) == inline
+    (tmp_path / "q.json").write_text(inline)
+    assert _questions_text(str(tmp_path / "q.json")) == inline
+
+
+def test_a_port_in_use_is_one_message_without_a_traceback():
+    import socket
+    from tests.stack import free_port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = cli("gateway", "--port", str(taken.getsockname()[1]), "--grpc-port", str(free_port()))
+    assert r.returncode == 2 and "Address already in use" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "Event loop is closed" not in r.stderr, r.stderr

@@ -13,8 +13,8 @@ or docker daemon runs in CI.
 - What a GPU cluster needs: GPU Deployments roll out without a surge pod, a NetworkPolicy admits
   only the gateway to the internal ports, serving pods read a pinned, locally fetched checkpoint
   revision with hub access off, Triton's kernel cache is on a persistent volume.
-- Every LAYA_* variable the manifests set is one the code reads, and the values parse
-  (`laya-grpc COMMAND --help` under the manifest's environment exits 0).
+- Every LAYA_* variable the manifests set is a current setting name, and the values parse
+  (`laya-grpc config COMMAND` under the manifest's environment exits 0).
 - The images the manifests use are targets of deploy/Dockerfile at the package's version, the
   kustomization lists every manifest and replaces the image names, and the Dockerfile builds one
   Python and one CUDA from the lock files with OCI labels.
@@ -276,7 +276,7 @@ def test_services_headless_for_backends_and_select_pods():
 def test_gateway_targets_are_the_headless_services():
     env = container_env(component_deployment("gateway"))
     services = by_kind("Service")
-    for var, svc in (("LAYA_TOKENIZER_ADDRESSES", "laya-tokenizer"), ("LAYA_INFERENCE_ADDRESS", "laya-inference")):
+    for var, svc in (("LAYA_TOKENIZER", "laya-tokenizer"), ("LAYA_INFERENCE", "laya-inference")):
         m = re.fullmatch(r"dns:///([a-z0-9-]+):(\d+)", env[var])
         assert m, "%s=%r is not a dns:/// target" % (var, env[var])
         assert m.group(1) == svc
@@ -315,7 +315,7 @@ def test_resources_gpu_only_for_inference():
 def test_grace_period_outlasts_the_drain():
     for name, dep in deployments().items():
         env = container_env(dep)
-        drain = float(env["LAYA_DRAIN_GRACE_S"])
+        drain = float(env["LAYA_DRAIN_GRACE_SECONDS"])
         pre_stop = the_container(dep).get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
         assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain + pre_stop, name
 
@@ -334,7 +334,7 @@ def test_every_backend_of_a_set_reads_the_same_checkpoints():
     """One ConfigMap gives all three services the checkpoint set, so a gateway never routes a
     checkpoint to a tokenizer or inference replica that lacks it."""
     from laya_grpc.core.sources import parse_checkpoint_specs
-    sets = {name: container_env(dep).get("LAYA_CHECKPOINTS") for name, dep in deployments().items()}
+    sets = {name: container_env(dep).get("LAYA_CHECKPOINT") for name, dep in deployments().items()}
     assert len(set(sets.values())) == 1 and None not in sets.values(), sets
     value = next(iter(sets.values()))
     specs = parse_checkpoint_specs(value.replace(",", " ").split())   # as core.flags splits a list variable
@@ -446,7 +446,7 @@ def checkpoint_problems(resources: list[dict]) -> list[str]:
         if pod_labels(dep)["app.kubernetes.io/component"] == "gateway":
             continue
         mounts = {m["mountPath"]: m for m in the_container(dep).get("volumeMounts", [])}
-        for spec in env["LAYA_CHECKPOINTS"].split():
+        for spec in env["LAYA_CHECKPOINT"].split():
             path = spec.partition("=")[2]
             if not path.startswith("/models/checkpoints/%s" % revision):
                 problems.append("%s: %s is not a local directory of revision %s" % (name, spec, revision))
@@ -503,7 +503,7 @@ def _broken_gpu_copies() -> dict:
         r["ConfigMap", "laya-checkpoint-source"]["data"]["HUB_REVISION"] = "main"
 
     def hub_id(r):
-        r["ConfigMap", "laya-config"]["data"]["LAYA_CHECKPOINTS"] = "english=convaiinnovations/laya"
+        r["ConfigMap", "laya-config"]["data"]["LAYA_CHECKPOINT"] = "english=convaiinnovations/laya"
 
     def writable(r):
         for m in the_container(r["Deployment", "laya-inference"])["volumeMounts"]:
@@ -580,15 +580,15 @@ def test_pod_monitor_scrapes_every_metrics_port():
 # --- the code reads what the manifests set ---------------------------------------------------
 
 def _env_names_read_by_code() -> set[str]:
-    names = set()
-    for path in (ROOT / "laya_grpc").rglob("*.py"):
-        names.update(re.findall(r"[\"'](LAYA_[A-Z0-9_]+)[\"']", path.read_text()))
-    return names
+    """The current names of every service's settings (deprecated names do not count)."""
+    from laya_grpc.cli.config import SERVICES, settings_class
+    from laya_grpc.core import flags
+    return {flags.env_name(f) for s in SERVICES for f in flags.fields(settings_class(s))}
 
 
 def test_every_laya_variable_is_read_by_the_code():
     read = _env_names_read_by_code()
-    assert "LAYA_CHECKPOINTS" in read   # the scan itself works
+    assert "LAYA_CHECKPOINT" in read and "LAYA_CHECKPOINTS" not in read   # the scan itself works
     used = set(config_data())
     for dep in deployments().values():
         used.update(container_env(dep))
@@ -598,12 +598,12 @@ def test_every_laya_variable_is_read_by_the_code():
 
 @pytest.mark.parametrize("component", ["tokenizer", "inference", "gateway"])
 def test_manifest_environment_parses(component):
-    """`laya-grpc COMMAND --help` with exactly the manifest's variables: an invalid value (a
-    non-number where a count goes) makes argparse exit 2."""
+    """`laya-grpc config COMMAND` with exactly the manifest's variables: an invalid value (a
+    non-number where a count goes) makes it exit 2, as the command itself would."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAYA_")}
     env.update(container_env(component_deployment(component)))
     args = the_container(component_deployment(component))["args"]
-    r = subprocess.run([sys.executable, "-m", "laya_grpc.cli", *args, "--help"], env=env,
+    r = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "config", *args], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
 

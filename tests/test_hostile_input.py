@@ -32,7 +32,7 @@ HEADER_TIMEOUT_S = 1.0
 
 @pytest.fixture(scope="module")
 def stack(tiny_ckpt):
-    env = {"LAYA_API_KEY": KEY, "LAYA_MAX_CONCURRENT": "2", "LAYA_HTTP_HEADER_TIMEOUT": str(HEADER_TIMEOUT_S),
+    env = {"LAYA_API_KEY": KEY, "LAYA_MAX_CONCURRENT": "2", "LAYA_HTTP_HEADER_TIMEOUT_SECONDS": str(HEADER_TIMEOUT_S),
            "LAYA_BODY_READ_TIMEOUT": "3"}
     with Stack({"english": tiny_ckpt}, env=env) as s:
         s.channel = grpc.insecure_channel(s.grpc)

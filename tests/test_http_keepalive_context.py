@@ -21,7 +21,7 @@ def test_next_request_on_a_kept_alive_connection_has_its_own_deadline(tiny_ckpt)
     words = "the parcel arrived late and the refund never came "
     big = {"model": "english", "states": [("%d " % i) + words * 600 for i in range(64)],   # ~2 MiB
            "questions": {"late": SMALL["questions"]["late"]}}
-    with Stack({"english": tiny_ckpt}, env={"LAYA_REQUEST_TIMEOUT_S": str(TIMEOUT_S)}) as s, \
+    with Stack({"english": tiny_ckpt}, env={"LAYA_REQUEST_TIMEOUT_SECONDS": str(TIMEOUT_S)}) as s, \
             httpx.Client(timeout=60) as client:   # one connection, kept alive
         r = client.post(s.http + "/v1/systemone/batch", json=big)
         assert r.status_code == 200, r.text

@@ -190,7 +190,7 @@ def test_replicas_kill_restart_and_drain_under_load(tiny_ckpt):
     def start_inference(k: int) -> subprocess.Popen:
         return procs.start("inference-%d" % k, ["inference", "--listen", "127.0.0.1:%d" % inf[k][0], "--device",
                                                 "cpu", "--metrics", "127.0.0.1:%d" % inf[k][1],
-                                                "--drain-grace-s", "10"] + ck)
+                                                "--drain-grace-seconds", "10"] + ck)
     try:
         for k in range(3):
             start_inference(k)
@@ -202,7 +202,7 @@ def test_replicas_kill_restart_and_drain_under_load(tiny_ckpt):
                                 "--inference", ",".join("127.0.0.1:%d" % p for p, _ in inf),
                                 # shorter than the load: a merged Infer call must not inherit the deadline
                                 # of the request that launched the chain (the warm-up's, long expired)
-                                "--request-timeout-s", "20"] + ck)
+                                "--request-timeout-seconds", "20"] + ck)
         wait_for(lambda: http_json(http + "/ready")[0] == 200, 180, "gateway ready", procs)
         health = http_json(http + "/health")[1]
         assert sorted(k for k in health["services"] if k.startswith("inference@")) == sorted(

@@ -168,7 +168,7 @@ def test_cli_decide_and_watch(stack, tmp_path):
                           "--address", stack.grpc], capture_output=True, text=True, env=env, cwd=ROOT)
     assert out.returncode == 0 and "checkpoint: english" in out.stdout and "intent" in out.stdout
     out = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "watch", "--address", stack.grpc, "--count", "2",
-                          "--heartbeat", "0.3"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=30)
+                          "--heartbeat-seconds", "0.3"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=30)
     assert out.returncode == 0, out.stderr
     # not a terminal: one line per change, so two events that change nothing print one line
     lines = out.stdout.splitlines()

@@ -22,10 +22,11 @@ def test_three_services_over_tcp(tiny_ckpt):
                                "--metrics", "127.0.0.1:%d" % m_tok], cwd=ROOT, env=base, stderr=subprocess.PIPE),
         # configured through the environment only
         subprocess.Popen(me + ["inference"], cwd=ROOT, stderr=subprocess.PIPE,
-                         env=dict(base, LAYA_INFERENCE_LISTEN="127.0.0.1:%d" % inf,
-                                  LAYA_CHECKPOINTS="english=" + tiny_ckpt, LAYA_DEVICE="cpu",
-                                  LAYA_INFERENCE_METRICS="127.0.0.1:%d" % m_inf)),
-        subprocess.Popen(me + ["gateway", "--http", "127.0.0.1:%d" % http, "--grpc", "127.0.0.1:%d" % grpc_port,
+                         env=dict(base, LAYA_LISTEN="127.0.0.1:%d" % inf,
+                                  LAYA_CHECKPOINT="english=" + tiny_ckpt, LAYA_DEVICE="cpu",
+                                  LAYA_METRICS="127.0.0.1:%d" % m_inf)),
+        # the flags TEI and vLLM users reach for
+        subprocess.Popen(me + ["gateway", "--host", "127.0.0.1", "--port", str(http), "--grpc-port", str(grpc_port),
                                "--tokenizer", "127.0.0.1:%d" % tok, "--inference", "127.0.0.1:%d" % inf,
                                "--checkpoint", "english=" + tiny_ckpt, "--metrics", "127.0.0.1:%d" % m_gw],
                          cwd=ROOT, env=base, stderr=subprocess.PIPE),

@@ -19,6 +19,8 @@ import urllib.request
 
 import numpy as np
 
+from laya_grpc.core import flags
+
 from . import hops, raw_http
 from .inputs import Case, named_cases, random_cases
 from .stats import paired_ratio, summary_ms
@@ -42,8 +44,7 @@ class Served:
                 "--grpc", self.grpc, "--run-dir", self.run_dir] + extra
         for name, path in checkpoints.items():
             argv += ["--checkpoint", "%s=%s" % (name, path)]
-        e = {k: v for k, v in os.environ.items() if not k.startswith("LAYA_")}
-        e.update(env)
+        e = flags.child_environment(env)   # this environment less its LAYA_ variables, plus `env`
         self.log = open(os.path.join(self.run_dir, "serve.log"), "wb")
         self.t0 = time.perf_counter()
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=e, stdout=self.log, stderr=subprocess.STDOUT)

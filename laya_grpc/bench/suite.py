@@ -1,10 +1,10 @@
 """`laya-grpc bench`: upstream laya and our engine, gRPC Decide and HTTP gateway, in ONE run on
 the same machine, checkpoint and inputs; JSONL + markdown report (+ PNG plots) under --out.
 
-Each in-process target runs in its own child process (benchmarks/inproc.py) so its load time
-and memory are its own; the served stack is measured from outside (benchmarks/service.py).
+Each in-process target runs in its own child process so its load time and memory are its own;
+the served stack is measured from outside, over HTTP and gRPC.
 `--smoke` makes tiny checkpoints and runs every stage with a handful of iterations on CPU, which
-is what CI runs (tests/test_bench_smoke.py).
+is what CI runs.
 """
 from __future__ import annotations
 
@@ -16,51 +16,60 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 from laya_grpc.core import flags
+from laya_grpc.core.flags import setting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ("engine", "upstream", "upstream-compiled", "service", "parity", "replicas")
 
 
+@dataclass
+class BenchSettings:
+    ENV_PREFIX = "LAYA_BENCH_"
+    SECTION = "benchmark"
+    smoke: bool = setting(False, "tiny checkpoints, CPU, a few iterations per figure: checks the suite end to "
+                          "end (CI)")
+    out: str = setting(os.path.join("benchmarks", "results", "latest"), "folder for results.jsonl, report.md "
+                       "and the plots (under the current directory, never inside the installed package)",
+                       metavar="DIR")
+    work_dir: str = setting("/tmp/laya-bench", "where the random-weight checkpoints are made (reused when "
+                            "present)", metavar="DIR")
+    preset: Optional[str] = setting(None, "make-checkpoint preset (default: large; tiny with --smoke)")
+    backend: str = setting("torch", "network implementation", choices=("torch", "mlx"))
+    device: str = setting("auto", "auto, cpu, cuda, mps")
+    dtype: str = setting("auto", "our engine's weight dtype (auto: the service's default for the device)")
+    stages: str = setting("engine,upstream,service", "comma list of %s (upstream-compiled takes minutes to "
+                          "load)" % ", ".join(STAGES))
+    iters: Optional[int] = setting(None, "warm requests per input", type=int)
+    duration: Optional[float] = setting(None, "time per concurrency level", type=float, unit="seconds",
+                                        name="duration_seconds", deprecated=("--duration", "LAYA_BENCH_DURATION"))
+    concurrency: str = setting("1,8,64", "comma list of concurrent clients")
+    ab_pairs: Optional[int] = setting(None, "paired upstream/engine runs per input for the ratio and its "
+                                      "bootstrap interval", type=int)
+    idle_gaps: Optional[str] = setting(None, "comma list of quiet seconds before a request",
+                                       name="idle_gaps_seconds", deprecated=("--idle-gaps", "LAYA_BENCH_IDLE_GAPS"))
+    soak: Optional[int] = setting(None, "random-length requests the engine answers before its memory is read "
+                                  "again (10,000 by default: ~30-60 s on an H200)", type=int)
+    transports: str = setting("ipc", "comma list of serve --local-transport values (ipc, grpc): the service "
+                              "stage runs once per transport, side by side in one report with a per-hop table "
+                              "each")
+    replicas: str = setting("1,2", "comma list of serve --inference-replicas values the replicas stage "
+                            "compares, each run alone on --device: a second replica on the same device overlaps "
+                            "one replica's host work with the other's forward, and each holds its own copy of "
+                            "the weights")
+    replica_clients: str = setting("8,64", "comma list of concurrent HTTP clients the replicas stage measures "
+                                   "each replica count at (overlap can only pay when several requests are in "
+                                   "flight)")
+    max_concurrent: int = setting(256, "the gateway's --max-concurrent-requests during the run", type=int,
+                                  name="max_concurrent_requests", deprecated=("--max-concurrent",
+                                                                              "LAYA_BENCH_MAX_CONCURRENT"))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    flags.add(p, "--smoke", env="LAYA_BENCH_SMOKE", action="store_true",
-              help="tiny checkpoints, CPU, a few iterations per figure: checks the suite end to end (CI)")
-    flags.add(p, "--out", env="LAYA_BENCH_OUT", default=os.path.join("benchmarks", "results", "latest"),
-              help="folder for results.jsonl, report.md and the plots (default: benchmarks/results/latest "
-                   "under the current directory, never inside the installed package)")
-    flags.add(p, "--work-dir", env="LAYA_BENCH_WORK_DIR", default="/tmp/laya-bench",
-              help="where the random-weight checkpoints are made (reused when present)")
-    flags.add(p, "--preset", env="LAYA_BENCH_PRESET", default=None,
-              help="make-checkpoint preset (default: large; tiny with --smoke)")
-    flags.add(p, "--backend", env="LAYA_BENCH_BACKEND", default="torch", choices=["torch", "mlx"])
-    flags.add(p, "--device", env="LAYA_BENCH_DEVICE", default="auto", help="auto, cpu, cuda, mps")
-    flags.add(p, "--dtype", env="LAYA_BENCH_DTYPE", default="auto",
-              help="our engine's weight dtype (auto: the service's default for the device)")
-    flags.add(p, "--stages", env="LAYA_BENCH_STAGES", default="engine,upstream,service",
-              help="comma list of %s (upstream-compiled takes minutes to load)" % ", ".join(STAGES))
-    flags.add(p, "--iters", env="LAYA_BENCH_ITERS", default=None, type=int, help="warm requests per input")
-    flags.add(p, "--duration", env="LAYA_BENCH_DURATION", default=None, type=float,
-              help="seconds per concurrency level")
-    flags.add(p, "--concurrency", env="LAYA_BENCH_CONCURRENCY", default="1,8,64")
-    flags.add(p, "--ab-pairs", env="LAYA_BENCH_AB_PAIRS", default=None, type=int,
-              help="paired upstream/engine runs per input for the ratio and its bootstrap interval")
-    flags.add(p, "--idle-gaps", env="LAYA_BENCH_IDLE_GAPS", default=None, help="quiet seconds before a request")
-    flags.add(p, "--soak", env="LAYA_BENCH_SOAK", default=None, type=int,
-              help="random-length requests the engine answers before its memory is read again (10,000 by "
-                   "default: ~30-60 s on an H200)")
-    flags.add(p, "--transports", env="LAYA_BENCH_TRANSPORTS", default="ipc",
-              help="comma list of serve --local-transport values (ipc, grpc): the service stage runs once per "
-                   "transport, side by side in one report with a per-hop table each")
-    flags.add(p, "--replicas", env="LAYA_BENCH_REPLICAS", default="1,2",
-              help="comma list of serve --inference-replicas values the replicas stage compares, each run alone on "
-                   "--device: a second replica on the same device overlaps one replica's host work with the "
-                   "other's forward, and each holds its own copy of the weights")
-    flags.add(p, "--replica-clients", env="LAYA_BENCH_REPLICA_CLIENTS", default="8,64",
-              help="comma list of concurrent HTTP clients the replicas stage measures each replica count at "
-                   "(overlap can only pay when several requests are in flight)")
-    flags.add(p, "--max-concurrent", env="LAYA_BENCH_MAX_CONCURRENT", default=256, type=int,
-              help="the gateway's admission bound during the run (LAYA_MAX_CONCURRENT)")
+    flags.add_settings(p, BenchSettings)
 
 
 def _defaults(a) -> None:

@@ -15,9 +15,12 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 from laya_grpc import __version__
 from laya_grpc.core import flags
+from laya_grpc.core.flags import setting
 
 QUESTIONS = {"q": {"type": "choice", "instructions": "Is the customer asking for a refund?",
                    "criteria": {"yes": "refund", "no": "something else", "unsure": ""}}}
@@ -77,10 +80,16 @@ def time_backend(ckpt: str, backend: str, device: str, n: int) -> dict:
             "p50_ms": round(statistics.median(times), 3), "min_ms": round(min(times), 3), "n": n}
 
 
+@dataclass
+class DoctorSettings:
+    ENV_PREFIX = "LAYA_DOCTOR_"
+    checkpoint: Optional[str] = setting(None, "time this checkpoint directory instead of a generated tiny one",
+                                        metavar="DIR")
+    repeat: int = setting(20, "timed requests per backend", type=flags.positive_int)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    flags.add(p, "--checkpoint", env="LAYA_DOCTOR_CHECKPOINT", default=None,
-              help="time this checkpoint directory instead of a generated tiny one")
-    flags.add(p, "--repeat", env="LAYA_DOCTOR_REPEAT", default=20, type=int, help="timed requests per backend")
+    flags.add_settings(p, DoctorSettings)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -26,6 +26,8 @@ COMMANDS = {
     "watch": ("laya_grpc.cli.remote", "subscribe to a running gateway's status stream"),
     "bench": ("laya_grpc.bench.suite", "benchmark upstream laya and our engine, gRPC and HTTP side by side"),
     "doctor": ("laya_grpc.cli.doctor", "print the machine, versions and devices, and time a short request per backend"),
+    "config": ("laya_grpc.cli.config", "print the settings serve, gateway, inference or tokenizer would run with, "
+                                       "and where each came from"),
 }
 
 
@@ -33,7 +35,8 @@ def _top_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="laya-grpc",
         description="Local serving of Laya System-1 decision models over gRPC and HTTP.",
-        epilog="Run 'laya-grpc COMMAND --help' for a command's flags. Every flag is also an environment variable.")
+        epilog="Run 'laya-grpc COMMAND --help' for a command's flags. Every flag is also an environment variable "
+               "(LAYA_<FLAG>, shown in --help); 'laya-grpc config' prints the resolved settings.")
     p.add_argument("--version", action="version", version="laya-grpc %s" % __version__)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, summary) in COMMANDS.items():
@@ -54,8 +57,10 @@ def main(argv=None) -> int:
     name = argv[0]
     module_name, summary = COMMANDS[name]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog="laya-grpc %s" % name, description=module.__doc__ or summary,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    if not hasattr(module, "add_arguments"):   # a command that parses its own arguments (config)
+        return int(module.main(argv[1:]) or 0)
+    parser = flags.Parser(prog="laya-grpc %s" % name, description=module.__doc__ or summary,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     if _takes_name(module.add_arguments):
         module.add_arguments(parser, name)
     else:

@@ -22,10 +22,12 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import numpy as np
 
 from laya_grpc.core import flags, synth_tokenizer
+from laya_grpc.core.flags import setting
 from laya_grpc.core.checkpoint_shapes import Dims, tensor_shapes
 
 
@@ -92,35 +94,33 @@ CONDITIONINGS = {
 TEMPERATURE_MIN = 0.5     # upstream clamps temperatures to [0.5, 5]
 
 
+@dataclass
+class MakeCheckpointSettings:
+    ENV_PREFIX = "LAYA_MAKE_CHECKPOINT_"
+    SECTION = "checkpoint"
+    preset: Optional[str] = setting(None, "shapes and tokenizer", choices=tuple(sorted(PRESETS)), required=True)
+    seed: int = setting(0, "weights seed (same seed, same bytes)", type=int)
+    option_layout: Optional[str] = setting(None, "write this option_layout into rl_agent_config.json "
+                                           "(default: the preset's)", choices=("sequential", "parallel"))
+    conditioning: str = setting("default", "how sharp the answers are: default (option logits about one unit "
+                                "apart), flat (near-uniform probabilities, temperature 2), sharp (uniform weights, "
+                                "4x the logit spread, temperature 0.5) or heavy (Laplace weights, 2x the spread, "
+                                "temperature 0.5); same layout and shapes", choices=tuple(sorted(CONDITIONINGS)))
+    scorer_gain: Optional[float] = setting(None, "the scorer's output gain (option-logit spread; default: the "
+                                           "preset's times the conditioning's)", type=float)
+    temperature: Optional[float] = setting(None, "set every temperature to this (0.5 to 5, upstream's clamp; "
+                                           "default: the conditioning's)", type=float)
+    distribution: Optional[str] = setting(None, "what the weights are drawn from, at the same variance (default: "
+                                          "the conditioning's)", choices=("normal", "uniform", "laplace"))
+    force: bool = setting(False, "replace DIR if it exists")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", help="directory to write (created; must not exist unless --force)")
-    flags.add(parser, "--preset", env="LAYA_MAKE_CHECKPOINT_PRESET", choices=sorted(PRESETS),
-              help="shapes and tokenizer (required)")
-    flags.add(parser, "--seed", env="LAYA_MAKE_CHECKPOINT_SEED", type=int, default=0,
-              help="weights seed (same seed, same bytes)")
-    flags.add(parser, "--option-layout", env="LAYA_MAKE_CHECKPOINT_OPTION_LAYOUT",
-              choices=("sequential", "parallel"),
-              help="write this option_layout into rl_agent_config.json (default: the preset's)")
-    flags.add(parser, "--conditioning", env="LAYA_MAKE_CHECKPOINT_CONDITIONING", choices=sorted(CONDITIONINGS),
-              default="default",
-              help="how sharp the answers are: default (option logits about one unit apart), flat (near-uniform "
-                   "probabilities, temperature 2), sharp (uniform weights, 4x the logit spread, temperature 0.5) or "
-                   "heavy (Laplace weights, 2x the spread, temperature 0.5); same layout and shapes")
-    flags.add(parser, "--scorer-gain", env="LAYA_MAKE_CHECKPOINT_SCORER_GAIN", type=float,
-              help="the scorer's output gain (option-logit spread; default: the preset's times the conditioning's)")
-    flags.add(parser, "--temperature", env="LAYA_MAKE_CHECKPOINT_TEMPERATURE", type=float,
-              help="set every temperature to this (0.5 to 5, upstream's clamp; default: the conditioning's)")
-    flags.add(parser, "--distribution", env="LAYA_MAKE_CHECKPOINT_DISTRIBUTION", choices=("normal", "uniform", "laplace"),
-              help="what the weights are drawn from, at the same variance (default: the conditioning's)")
-    flags.add(parser, "--force", env="LAYA_MAKE_CHECKPOINT_FORCE", action="store_true",
-              help="replace DIR if it exists")
+    flags.add_settings(parser, MakeCheckpointSettings)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.preset is None:
-        print("laya-grpc make-checkpoint: --preset is required (one of %s)" % ", ".join(sorted(PRESETS)),
-              file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
     big = args.preset in ("large", "ml-base")
     try:

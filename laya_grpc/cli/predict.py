@@ -14,9 +14,11 @@ import json
 import sys
 import time
 import traceback
-from typing import Any, BinaryIO, TextIO
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Optional, TextIO
 
 from laya_grpc.core import flags
+from laya_grpc.core.flags import setting
 from laya_grpc.core.controls import LONE_SURROGATE_DETAIL, has_lone_surrogate, token_budget
 from laya_grpc.core.errors import Kind, LayaError
 
@@ -37,19 +39,22 @@ Exit status: 0 when every line was answered, 1 when any line got an error line, 
 checkpoint problem (a missing requests file is found before the model loads)."""
 
 
+@dataclass
+class PredictSettings:
+    SECTION = "model"
+    checkpoint: Optional[str] = setting(None, "checkpoint directory (rl_agent_config.json, model.safetensors, "
+                                        "encoder/, tokenizer/) or hub id org/repo[/subfolder][@revision]",
+                                        metavar="DIR", required=True)
+    device: str = setting("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (mlx: gpu or cpu); "
+                          "an unavailable device is an error")
+    backend: str = setting("torch", "network implementation", choices=("torch", "mlx"))
+    dtype: str = setting("auto", "auto = float32 on CPU and CUDA (exact to upstream), float16 on MPS; or float32, "
+                         "float16 (the fast mode on CUDA: docs/precision.md), bfloat16")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
-    flags.add(parser, "--checkpoint", env="LAYA_CHECKPOINT", metavar="DIR",
-              help="checkpoint directory (rl_agent_config.json, model.safetensors, encoder/, tokenizer/) "
-                   "or hub id org/repo[/subfolder][@revision]")
-    flags.add(parser, "--device", env="LAYA_DEVICE", default="auto",
-              help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (mlx: gpu or cpu); "
-                   "an unavailable device is an error")
-    flags.add(parser, "--backend", env="LAYA_BACKEND", default="torch", choices=["torch", "mlx"],
-              help="network implementation")
-    flags.add(parser, "--dtype", env="LAYA_DTYPE", default="auto",
-              help="auto = float32 on CPU and CUDA (exact to upstream), float16 on MPS; or float32, float16 "
-                   "(the fast mode on CUDA: docs/precision.md), bfloat16")
+    flags.add_settings(parser, PredictSettings)
     parser.add_argument("requests", metavar="REQUESTS.jsonl|-",
                         help="file with one request body per line (format below), or - for stdin")
 
@@ -99,9 +104,6 @@ def answer_stream(predictor: Any, lines: BinaryIO, out: TextIO, err: TextIO) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.checkpoint:
-        print("laya-grpc predict: --checkpoint DIR (or LAYA_CHECKPOINT) is required", file=sys.stderr)
-        return 2
     requests = sys.stdin.buffer if args.requests == "-" else None
     if requests is None:
         try:   # before the model loads: a typo in the path costs no load time

@@ -6,7 +6,11 @@ import json
 import sys
 import time
 
+from dataclasses import dataclass
+from typing import Optional
+
 from laya_grpc.core import flags
+from laya_grpc.core.flags import setting
 from laya_grpc.core.errors import LayaError
 from laya_proto.v1 import status_pb2
 
@@ -23,23 +27,33 @@ output is a file or pipe, one line per change (heartbeats that change nothing pr
 logs stay readable. --json prints every event as one JSON line."""
 
 
+@dataclass
+class ClientSettings:
+    SECTION = "gateway"
+    address: str = setting("127.0.0.1:50051", "the gateway's gRPC address (its --grpc)", env="LAYA_GRPC",
+                           metavar="ADDRESS")
+    api_key: Optional[str] = setting(None, "bearer key when the gateway requires one (its --api-key)",
+                                     env="LAYA_API_KEY", secret=True, metavar="KEY")
+
+
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.description = DECIDE_HELP if command == "decide" else WATCH_HELP
-    flags.add(p, "--address", env="LAYA_GRPC", default="127.0.0.1:50051", help="the gateway's gRPC address")
-    flags.add(p, "--api-key", env="LAYA_API_KEY", default=None, help="bearer key when the gateway requires one")
+    flags.add_settings(p, ClientSettings)
     p.add_argument("--json", action="store_true", help="print JSON instead of readable text")
     if command == "decide":
         p.add_argument("text", help="the state: plain text, or JSON with --state-json; '-' reads stdin")
-        p.add_argument("--questions", required=True, metavar="FILE",
-                       help="JSON file with the /v1/systemone 'questions' object ('-' reads stdin)")
+        p.add_argument("--questions", required=True, metavar="JSON|FILE",
+                       help="the /v1/systemone 'questions' object: inline JSON ('{\"q\": {...}}'), a JSON "
+                            "file, or '-' for stdin")
         p.add_argument("--state-json", action="store_true", help="parse TEXT as a JSON state (object, conversation list)")
         p.add_argument("--model", default=None, help="pin a checkpoint (english, multilingual, ...)")
         p.add_argument("--lang", default=None, help="language code hint for routing")
-        p.add_argument("--timeout", type=float, default=60.0,
-                       help="seconds to wait for the answer (a cold checkpoint may first need to load); "
+        p.add_argument("--timeout-seconds", "--timeout", dest="timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="time to wait for the answer (a cold checkpoint may first need to load); "
                             "past it the call fails with DEADLINE_EXCEEDED")
     else:
-        p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats when nothing changes")
+        p.add_argument("--heartbeat-seconds", "--heartbeat", dest="heartbeat", type=float, default=2.0,
+                       metavar="SECONDS", help="time between heartbeats when nothing changes")
         p.add_argument("--count", type=int, default=0,
                        help="stop after this many events, heartbeats included (0 = until interrupted)")
 
@@ -51,6 +65,11 @@ def _read(path: str) -> str:
         return f.read()
 
 
+def _questions_text(value: str) -> str:
+    """--questions: inline JSON when it starts like a JSON object, else a file ('-': stdin)."""
+    return value if value.lstrip().startswith("{") else _read(value)
+
+
 def run(args: argparse.Namespace) -> int:
     return _decide(args) if args.command == "decide" else _watch(args)
 
@@ -59,7 +78,7 @@ def _decide(args) -> int:
     try:
         text = _read("-") if args.text == "-" else args.text
         state = json.loads(text) if args.state_json else text
-        questions = json.loads(_read(args.questions))
+        questions = json.loads(_questions_text(args.questions))
     except (OSError, ValueError) as e:
         print("laya-grpc decide: %s" % e, file=sys.stderr)
         return 2
@@ -130,7 +149,8 @@ class _Printer:
     def show(self, ev) -> None:
         if self.as_json:
             from google.protobuf.json_format import MessageToDict
-            self.out.write(json.dumps(MessageToDict(ev)) + "\n")
+            # the proto's field names (snake_case), as /health writes them
+            self.out.write(json.dumps(MessageToDict(ev, preserving_proto_field_name=True)) + "\n")
         elif self.tty:
             block = _fmt_event(ev)
             # cursor up over the previous block, clear to the end of the screen, redraw

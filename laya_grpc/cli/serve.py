@@ -4,7 +4,10 @@ The embedded default deployment. Each service runs in its own process (text work
 competes with the device thread for the GIL); the supervisor restarts a child that dies, and
 the gateway's status stream reports it going down and coming back. With several inference
 replicas (`--inference-replicas`, or `--device` listing several devices) the gateway balances over
-them as over remote replicas (gateway/balancing.py): a dead or restarting one gets no calls.
+them as over remote replicas: a dead or restarting one gets no calls.
+
+Every flag of the gateway, inference and tokenizer services is a flag of serve too, and reaches
+every process it starts. 'laya-grpc config serve [FLAGS...]' prints the settings it would run with.
 """
 from __future__ import annotations
 
@@ -17,42 +20,17 @@ import sys
 import tempfile
 import time
 
-from laya_grpc.core import cpu_quota, draining, flags, ipc, metrics
+from laya_grpc.core import cpu_quota, flags, ipc, metrics
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_logging
-from laya_grpc.core.sources import parse_checkpoint_specs
+from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
+from .settings import SERVE_ONLY, ServeSettings
 from .supervisor import Child, FatalChildExit, Supervisor
 
 log = logging.getLogger("laya_grpc.cli.serve")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from laya_grpc.gateway.options import add_gateway_flags
-    from laya_grpc.inference.settings import add_model_flags
-    add_model_flags(p)
-    add_gateway_flags(p)
-    flags.add(p, "--tokenizer-workers", env="LAYA_TOKENIZER_WORKERS", default=0, type=flags.non_negative_int,
-              help="tokenizer processes; each gateway spreads requests over them (0 = auto: one per 4 CPUs, 1-4)")
-    flags.add(p, "--gateway-workers", env="LAYA_GATEWAY_WORKERS", default=0, type=flags.non_negative_int,
-              help="gateway processes sharing the HTTP and gRPC ports (Python work per request is the "
-                   "ceiling under many clients; 0 = auto: one per 4 CPUs, 1 to 4)")
-    flags.add(p, "--inference-replicas", env="LAYA_INFERENCE_REPLICAS", default=1, type=flags.positive_int,
-              help="inference processes; the gateway spreads calls over those that are SERVING, so one can die "
-                   "or restart without failing requests. With --device listing several devices (cuda:0,cuda:1) "
-                   "there is one per listed device; otherwise N share --device (each holds its own copy of "
-                   "the weights)")
-    flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
-              help="one Prometheus endpoint for every process of this serve (each family exported by the "
-                   "service it describes, summed across gateway and tokenizer workers; off by default)")
-    flags.add(p, "--local-transport", env="LAYA_LOCAL_TRANSPORT", default="ipc", choices=["ipc", "grpc"],
-              help="how the gateway sends Tokenize and Infer calls to the children: 'ipc' = length-framed "
-                   "contract messages on unix sockets (one thread wake-up a message, the least per-request "
-                   "overhead), 'grpc' = gRPC streams over unix sockets (to compare); health and status always "
-                   "use gRPC")
-    draining.add_flag(p)
-    add_observability_flags(p)
-    flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
-              help="directory for the unix sockets (default: a fresh temporary directory, removed on exit)")
+    flags.add_settings(p, ServeSettings)
 
 
 def python_argv() -> list:
@@ -65,11 +43,19 @@ def python_argv() -> list:
                                   "sys.exit(main())"]
 
 
-def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
+def child_env(settings: ServeSettings, metrics_dir: str | None = None) -> dict:
+    """Every child's environment: serve's settings whole, as variables (each child reads those of
+    its own settings class), instead of the LAYA_ variables serve itself was given."""
+    passed = [f for f in settings.__dataclass_fields__ if f not in SERVE_ONLY]
+    extra = {metrics.MULTIPROC_ENV: metrics_dir} if metrics_dir else {}
+    return flags.child_environment(flags.to_env(settings, passed), extra)
+
+
+def child_argvs(args: argparse.Namespace, run_dir: str, env: dict | None = None) -> list:
+    """The children and their command lines: what differs per child (its sockets, its device, the
+    gateway's backend lists); everything else comes in `env` (child_env)."""
+    env = child_env(args.settings) if env is None else env
     me = python_argv()
-    ck = []
-    for name, source in parse_checkpoint_specs(args.checkpoint).items():
-        ck += ["--checkpoint", "%s=%s" % (name, source)]
     cpus = cpu_quota.available_cpus()   # affinity and cgroup CPU quota, not the host's cores
     n_tok = args.tokenizer_workers or max(1, min(4, cpus // 4))   # ~0.6 ms of tokenizer CPU a request: 2 capped 64 clients
     n_gw = args.gateway_workers or max(1, min(4, cpus // 4))
@@ -77,25 +63,14 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     devices = inference_devices(args.device, args.inference_replicas)
     names = ["inference"] if len(devices) == 1 else ["inference-%d" % k for k in range(len(devices))]
     infs = ["unix:" + os.path.join(run_dir, n + ".sock") for n in names]
-    grace = ["--drain-grace-s", str(args.drain_grace_s)]
-    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + grace
-                      + local_ipc(args, run_dir, "tokenizer-%d" % i)[0]) for i, t in enumerate(toks)]
-    inference = me + ["inference", "--backend", args.backend,
-                      "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
-                      "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
-                      "--max-wait-ms", str(args.max_wait_ms),
-                      "--cuda-kernels", args.cuda_kernels, "--pack-rows", args.pack_rows] + ck + grace
-    for name in args.preload or []:
-        inference += ["--preload", name]
-    if args.require_device is not None:
-        inference += ["--require-device", str(args.require_device)]
-    if args.no_warmup:
-        inference.append("--no-warmup")
+    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t]
+                      + local_ipc(args, run_dir, "tokenizer-%d" % i)[0], env) for i, t in enumerate(toks)]
     for name, inf, device in zip(names, infs, devices):
-        children.append(Child(name, inference + ["--listen", inf, "--device", device] + local_ipc(args, run_dir, name)[0]))
+        children.append(Child(name, me + ["inference", "--listen", inf, "--device", device]
+                              + local_ipc(args, run_dir, name)[0], env))
     inf_addrs = [local_ipc(args, run_dir, n)[1] or i for n, i in zip(names, infs)]
     tok_addrs = [local_ipc(args, run_dir, "tokenizer-%d" % i)[1] or t for i, t in enumerate(toks)]
-    gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc] + ck + grace
+    gw = me + ["gateway"]
     if n_gw > 1:
         gw.append("--reuse-port")
     for k in range(n_gw):
@@ -104,7 +79,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
         argv = gw + ["--inference", ",".join(_rotated(inf_addrs, k))]
         for t in _rotated(tok_addrs, k):
             argv += ["--tokenizer", t]
-        children.append(Child("gateway-%d" % k, argv + ["--control", control_address(run_dir, k)]))
+        children.append(Child("gateway-%d" % k, argv + ["--control", control_address(run_dir, k)], env))
     return children
 
 
@@ -173,23 +148,21 @@ async def announce_ready(grpc_address: str, http: str, started: float, controls:
           % (time.monotonic() - started, http, grpc_address, workers), file=sys.stderr, flush=True)
 
 
-def share_observability(args: argparse.Namespace, run_dir: str) -> None:
-    """Children inherit serve's environment: the log format and trace endpoint go to all of them,
-    and with --metrics each writes its samples under the run dir (prometheus-client's
-    multiprocess mode, set before any child imports it) for serve's one endpoint to export."""
-    os.environ["LAYA_LOG_FORMAT"] = args.log_format
-    if args.otlp_endpoint:
-        os.environ["LAYA_OTLP_ENDPOINT"] = args.otlp_endpoint
-    if args.metrics:
-        directory = os.path.join(run_dir, "metrics")
-        shutil.rmtree(directory, ignore_errors=True)   # samples of an earlier run would add up with ours
-        os.makedirs(directory)
-        os.environ[metrics.MULTIPROC_ENV] = directory
-        try:
-            where = metrics.serve_aggregated(args.metrics, directory)
-        except OSError as e:
-            raise LayaError(Kind.INVALID, "cannot serve --metrics on %s: %s" % (args.metrics, e)) from None
-        log.info("metrics of every process on http://%s/metrics", where)
+def serve_metrics(args: argparse.Namespace, run_dir: str) -> str | None:
+    """With --metrics each child writes its samples under the run dir (prometheus-client's
+    multiprocess mode, set in the children's environment) for serve's one endpoint to export;
+    the directory, or None."""
+    if not args.metrics:
+        return None
+    directory = os.path.join(run_dir, "metrics")
+    shutil.rmtree(directory, ignore_errors=True)   # samples of an earlier run would add up with ours
+    os.makedirs(directory)
+    try:
+        where = metrics.serve_aggregated(args.metrics, directory)
+    except OSError as e:
+        raise LayaError(Kind.INVALID, "cannot serve --metrics on %s: %s" % (args.metrics, e)) from None
+    log.info("metrics of every process on http://%s/metrics", where)
+    return directory
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -198,11 +171,11 @@ async def serve(args: argparse.Namespace) -> int:
     run_dir = tempfile.mkdtemp(prefix="laya-grpc-") if own_dir else args.run_dir
     os.makedirs(run_dir, exist_ok=True)
     try:
-        children = child_argvs(args, run_dir)
-        share_observability(args, run_dir)
+        metrics_dir = serve_metrics(args, run_dir)
+        children = child_argvs(args, run_dir, child_env(args.settings, metrics_dir))
         stop = asyncio.Event()
         install_stop_signals(stop)
-        async with Supervisor(children, on_exit=metrics.process_gone) as sup:
+        async with Supervisor(children, on_exit=lambda pid: metrics.process_gone(pid, metrics_dir)) as sup:
             try:
                 ready = asyncio.ensure_future(announce_ready(args.grpc, args.http, started, gateway_controls(children)))
                 stopper = asyncio.ensure_future(stop.wait())
@@ -213,7 +186,7 @@ async def serve(args: argparse.Namespace) -> int:
                     err = sup.fatal.exception()
                     print("laya-grpc serve: %s; stopping (see the message above)" % err, file=sys.stderr)
                     return err.code if isinstance(err, FatalChildExit) else 1
-            finally:   # SIGTERM to every child; each drains for up to --drain-grace-s before it is killed
+            finally:   # SIGTERM to every child; each drains for up to --drain-grace-seconds before it is killed
                 await sup.close(grace_s=args.drain_grace_s + 5.0)
         return 0
     finally:
@@ -222,9 +195,9 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging("serve", fmt=args.log_format)
+    setup_logging("serve", args.log_level, args.log_format, args.access_log)
     try:
-        parse_checkpoint_specs(args.checkpoint)
+        args.settings.checkpoint_sources()
         inference_devices(args.device, args.inference_replicas)
     except LayaError as e:
         print("laya-grpc serve: %s" % e.detail, file=sys.stderr)

@@ -67,7 +67,7 @@ class Supervisor:
     async def _spawn(self, c: Child) -> None:
         # every child learns how often each was restarted so far, so a restarted gateway keeps
         # reporting the counts instead of starting again from 0 (laya_grpc.core.restart_counts)
-        env = dict(os.environ, **c.env)
+        env = dict(c.env)   # the child's whole environment (serve.child_env)
         env[RESTARTS_ENV] = format_restarts({k.name: k.restarts for k in self.children})
         c.proc = await asyncio.create_subprocess_exec(*c.argv, env=env, start_new_session=True,
                                                       preexec_fn=_die_with_parent)

@@ -135,8 +135,6 @@ def _download(repo: str, revision: str | None, subfolder: str | None) -> tuple[s
     rev = resolve_revision(repo, revision)
     prefix = subfolder + "/" if subfolder else ""
     kw: dict[str, Any] = {"allow_patterns": [prefix + name for name in HUB_FILES]}
-    if os.environ.get("HF_TOKEN"):
-        kw["token"] = os.environ["HF_TOKEN"]
     if rev:
         kw["revision"] = rev
     try:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable, Optional
+from typing import Callable, MutableMapping, Optional
+
+from laya_grpc.core import flags
 
 _V1_FILES = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
 
@@ -125,15 +127,16 @@ def pool_size(cap: int, per_cpu: float = 1.0) -> int:
     return max(1, min(cap, int(available_cpus() * per_cpu)))
 
 
-def prepare_openmp(environ=os.environ) -> int:
+def prepare_openmp(env: Optional[MutableMapping[str, str]] = None) -> int:
     """Before torch (OpenMP) is loaded: idle pool threads sleep instead of spinning, and the pool
     has `available_cpus()` threads; an operator's own OMP_WAIT_POLICY / OMP_NUM_THREADS wins.
     Returns the intra-op thread count."""
-    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    value = environ.get("OMP_NUM_THREADS", "")
+    env = flags.environment() if env is None else env
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    value = env.get("OMP_NUM_THREADS", "")
     first = value.split(",")[0].strip()
     if first.isdigit() and int(first) > 0:
         return int(first)
     n = available_cpus()
-    environ["OMP_NUM_THREADS"] = str(n)
+    env["OMP_NUM_THREADS"] = str(n)
     return n

@@ -13,20 +13,13 @@ import logging
 import time
 from typing import Callable, Iterable
 
-from . import flags, rpc
+from . import rpc
+from .settings import DEFAULT_GRACE_S  # noqa: F401 - the services' default
 
 log = logging.getLogger("laya_grpc.core.draining")
 
-DEFAULT_GRACE_S = 20.0
 # time for clients' health watches to see NOT_SERVING before the server refuses new calls
 SETTLE_S = 0.5
-
-
-def add_flag(parser) -> None:
-    flags.add(parser, "--drain-grace-s", env="LAYA_DRAIN_GRACE_S", default=DEFAULT_GRACE_S, type=float,
-              help="on SIGTERM: report NOT_SERVING at once, then finish in-flight work for at most this many "
-                   "seconds before exiting (keep it below the orchestrator's kill timeout, e.g. Kubernetes' "
-                   "terminationGracePeriodSeconds)")
 
 
 async def drain(server, hs, names: Iterable[str], grace_s: float, busy: Callable[[], int], what: str) -> None:

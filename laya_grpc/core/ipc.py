@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional
 from urllib.parse import parse_qs
 
-from . import flags
 from .errors import Kind, LayaError
 from .rpc import MAX_MESSAGE_BYTES
 from .streams import error_from_call, reply_to
@@ -344,10 +343,3 @@ class IpcMux:
 def call_mux(link: Link, grpc_mux: Callable[[], object], call_cls, reply_cls, what: str):
     """The call carrier for one backend: IPC when its address says so, else `grpc_mux()`."""
     return IpcMux(link.ipc, call_cls, reply_cls, what) if link.ipc else grpc_mux()
-
-
-def add_flag(p, env: str, calls: str) -> None:
-    flags.add(p, "--ipc", env=env, default=None, metavar="ipc:///PATH",
-              help="also take %s calls on this unix socket (cheaper than gRPC between processes of one host; "
-                   "'serve' uses it for its own children); health, status and the other RPCs stay on --listen"
-                   % calls)

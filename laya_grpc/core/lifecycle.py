@@ -7,25 +7,18 @@ import time
 import uuid
 
 
-def setup_logging(service: str, level: str | None = None, fmt: str | None = None) -> None:
+def setup_logging(service: str, level: str | None = None, fmt: str | None = None, access_log: bool = True) -> None:
     """Text or JSON lines on stderr, each with its request id (core/logs.py)."""
     from . import logs
-    logs.setup(service, fmt, level)
+    logs.setup(service, fmt, level, access_log)
 
 
-def add_observability_flags(parser) -> None:
-    """--log-format and --otlp-endpoint, the same on every service."""
-    from . import logs, tracing
-    logs.add_flag(parser)
-    tracing.add_flag(parser)
-
-
-def setup_observability(service: str, args) -> None:
-    """Logging in the chosen format, and tracing when an OTLP endpoint is given (the SDK flushes
-    buffered spans at exit)."""
+def setup_observability(service: str, settings) -> None:
+    """Logging as the settings say (core/settings.py ObservabilitySettings), and tracing when an OTLP
+    endpoint is given (the SDK flushes buffered spans at exit)."""
     from . import tracing
-    setup_logging(service, fmt=getattr(args, "log_format", None))
-    tracing.setup(service, getattr(args, "otlp_endpoint", None))
+    setup_logging(service, settings.log_level, settings.log_format, settings.access_log)
+    tracing.setup(service, settings.otlp_endpoint)
 
 
 class ChangeFeed:

@@ -1,16 +1,15 @@
-"""Log set-up shared by the services: `--log-format text|json` (env LAYA_LOG_FORMAT), the request id
+"""Log set-up shared by the services: `--log-format text|json` (core/settings.py), the request id
 on every line written while serving a request, and the gateway's access log.
 
 JSON lines are one object each (`ts`, `level`, `service`, `logger`, `msg`, plus `request_id` and
 `exc` where present, plus the access log's fields) so a log pipeline needs no parsing rules. The
 access log (logger `laya_grpc.access`, INFO) is one line per decision request: api, route or RPC,
-status, ms, request id, checkpoint. `LAYA_ACCESS_LOG=0` silences it.
+status, ms, request id, checkpoint. `--no-access-log` (LAYA_ACCESS_LOG=0) silences it.
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 
@@ -18,13 +17,6 @@ from . import request_id
 
 FORMATS = ("text", "json")
 access_log = logging.getLogger("laya_grpc.access")
-
-
-def add_flag(parser) -> None:
-    from . import flags
-    flags.add(parser, "--log-format", env="LAYA_LOG_FORMAT", default="text", choices=FORMATS,
-              help="'json' writes one JSON object per line (for log pipelines); 'text' is for people. "
-                   "Either way lines about a request carry its request id")
 
 
 class _RequestIdFilter(logging.Filter):
@@ -85,14 +77,15 @@ def quiet_grpc_core() -> None:
     """gRPC's C core writes its own lines to stderr (e.g. `I1203 ... fork_posix.cc:71] Other threads
     are currently calling into gRPC, skipping fork() handlers` when serve restarts a child): only
     errors, unless GRPC_VERBOSITY says otherwise. Must run before grpc is imported."""
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    from . import flags
+    flags.external_default("GRPC_VERBOSITY", "ERROR")
 
 
-def setup(service: str, fmt: str | None = None, level: str | None = None) -> None:
-    """Root handler on stderr in `fmt` (default LAYA_LOG_FORMAT or text); grpc's own loggers only
-    from WARNING up. Replaces any handler set before, so calling it twice is harmless."""
-    fmt = (fmt or os.environ.get("LAYA_LOG_FORMAT") or "text").lower()
-    level = (level or os.environ.get("LAYA_LOG_LEVEL", "INFO")).upper()
+def setup(service: str, fmt: str | None = None, level: str | None = None, access: bool = True) -> None:
+    """Root handler on stderr in `fmt` (default text); grpc's own loggers only from WARNING up.
+    Replaces any handler set before, so calling it twice is harmless."""
+    fmt = (fmt or "text").lower()
+    level = (level or "INFO").upper()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service) if fmt == "json" else TextFormatter(service))
     handler.addFilter(_RequestIdFilter())
@@ -105,8 +98,7 @@ def setup(service: str, fmt: str | None = None, level: str | None = None) -> Non
     cygrpc = logging.getLogger("grpc._cython.cygrpc")
     if not any(isinstance(f, _DropCancelled) for f in cygrpc.filters):
         cygrpc.addFilter(_DropCancelled())
-    if os.environ.get("LAYA_ACCESS_LOG", "1") in ("0", "false", "no", "off"):
-        access_log.disabled = True
+    access_log.disabled = not access
 
 
 def access(api: str, route: str, status: int, ms: float, rid: str, checkpoint: str) -> None:

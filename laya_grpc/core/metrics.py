@@ -14,7 +14,6 @@ Upstream's HTTP API has no /metrics route, so neither does the gateway's API por
 """
 from __future__ import annotations
 
-import os
 import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -103,13 +102,6 @@ TOKENIZER_HEAP_TRIMS = _Family(Counter, "laya_tokenizer_heap_trims_total", "Time
 FAMILIES = [v for v in list(globals().values()) if isinstance(v, _Family)]
 
 
-def add_flag(parser, env: str) -> None:
-    from . import flags
-    flags.add(parser, "--metrics", env=env, default=None, metavar="HOST:PORT",
-              help="serve this service's Prometheus metrics on this address (off by default; under "
-                   "'laya-grpc serve' its --metrics is one endpoint for all processes)")
-
-
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host or "127.0.0.1", int(port)
@@ -134,9 +126,8 @@ def serve_aggregated(address: str, directory: str) -> str:
     return "%s:%d" % (host, port)
 
 
-def process_gone(pid: int) -> None:
+def process_gone(pid: int, directory: str | None) -> None:
     """A child of serve exited: its live gauges (ready, queue depth) stop counting."""
-    directory = os.environ.get(MULTIPROC_ENV)
     if directory:
         from prometheus_client import multiprocess
         multiprocess.mark_process_dead(pid, directory)

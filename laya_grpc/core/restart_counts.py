@@ -8,8 +8,9 @@ Set by the supervisor only; a gateway started on its own has none and counts fro
 """
 from __future__ import annotations
 
-import os
 from typing import Mapping, Optional
+
+from . import flags
 
 RESTARTS_ENV = "LAYA_SUPERVISOR_RESTARTS"
 
@@ -32,7 +33,7 @@ def seed_backend_restarts(tokenizers, inferences, env: Optional[Mapping[str, str
     """Start the gateway's per-backend counters (`Backend.downs`) from the supervisor's counts:
     tokenizer i is the supervisor's `tokenizer-i`, in --tokenizer order; inference replica k is
     `inference-k` (one replica: `inference`), in --inference order. Returns the counts."""
-    counts = parse_restarts((os.environ if env is None else env).get(RESTARTS_ENV))
+    counts = parse_restarts(flags.external(RESTARTS_ENV) if env is None else env.get(RESTARTS_ENV))
     for i, b in enumerate(tokenizers):
         b.downs = max(b.downs, counts.get("tokenizer-%d" % i, 0))
     inferences = list(inferences)

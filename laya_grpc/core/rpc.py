@@ -18,11 +18,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
+from . import flags
 from .errors import ERROR_DOMAIN, KIND_METADATA_KEY, RETRY_DELAY_S, Kind, LayaError, from_grpc
 
 log = logging.getLogger("laya_grpc.core.rpc")
 
-MAX_MESSAGE_BYTES = int(os.environ.get("LAYA_GRPC_MAX_MESSAGE_BYTES", 64 * 1024 * 1024))
+MAX_MESSAGE_BYTES = int(flags.external("LAYA_GRPC_MAX_MESSAGE_BYTES") or 64 * 1024 * 1024)
 
 _COMMON = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

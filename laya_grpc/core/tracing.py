@@ -29,6 +29,8 @@ import socket
 import time
 from typing import Iterable, Optional
 
+from . import flags
+
 log = logging.getLogger("laya_grpc.core.tracing")
 
 _NOOP = contextlib.nullcontext()
@@ -38,14 +40,6 @@ INFER = "laya_proto.v1.InferenceService/Infer"
 _tracer = None        # an opentelemetry Tracer once enabled
 _provider = None
 _propagator = None
-
-
-def add_flag(parser) -> None:
-    from . import flags
-    flags.add(parser, "--otlp-endpoint", env="LAYA_OTLP_ENDPOINT", default=None, metavar="URL",
-              help="send OpenTelemetry traces (one per request, every hop: gateway, tokenize, queue wait, "
-                   "forward, decode) to this OTLP gRPC collector, e.g. http://otel-collector:4317; off by "
-                   "default (needs the 'otel' extra)")
 
 
 def enabled() -> bool:
@@ -79,7 +73,7 @@ def resource_attributes(service: str) -> dict:
     from .. import __version__
     attrs = {"service.name": "laya-" + service, "service.namespace": "laya", "service.version": __version__,
              "host.name": socket.gethostname(), "process.pid": os.getpid()}
-    attrs.update({key: os.environ[var] for key, var in _K8S_ENV.items() if os.environ.get(var)})
+    attrs.update({key: flags.external(var) for key, var in _K8S_ENV.items() if flags.external(var)})
     attrs["service.instance.id"] = attrs.get("k8s.pod.name", attrs["host.name"]) + ":%d" % attrs["process.pid"]
     return attrs
 

@@ -31,7 +31,7 @@ import time
 import weakref
 from typing import Optional
 
-from laya_grpc.core import flags, memory, metrics
+from laya_grpc.core import memory, metrics
 
 log = logging.getLogger("laya_grpc.gateway.conn_limits")
 
@@ -41,14 +41,6 @@ MAX_IDLE_S = 300.0               # a connection with no call for this long gets 
 MAX_STREAMS = 1024               # concurrent streams per connection (admission bounds the work itself)
 RESERVED_DESCRIPTORS = 256       # backend channels, sockets of the metrics and control endpoints, files
 ACCEPT_LOG_EVERY_S = 60.0
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    flags.add(p, "--grpc-max-connections", env="LAYA_GRPC_MAX_CONNECTIONS", type=flags.positive_int,
-              default=DEFAULT_GRPC_MAX_CONNECTIONS, metavar="N",
-              help="open gRPC connections at most; one more is closed at once. A connection that has not "
-                   "finished its HTTP/2 handshake within %.0f s is closed, one without calls for %.0f s is "
-                   "asked to reconnect (GOAWAY)" % (HANDSHAKE_TIMEOUT_S, MAX_IDLE_S))
 
 
 def grpc_server_options(max_connections: int) -> list:

@@ -1,7 +1,7 @@
 """The client's deadline, carried to the backend calls a request makes.
 
 A gRPC client's deadline (`context.time_remaining()`) or the HTTP request timeout
-(`--request-timeout-s`) is set here once per request (a context variable, so concurrent requests
+(`--request-timeout-seconds`) is set here once per request (a context variable, so concurrent requests
 never see each other's); every tokenizer and inference call then asks for at most the time left,
 so a backend stops working for a client that has given up, and retries stay inside the deadline.
 """

@@ -8,9 +8,9 @@ serves from its own worker processes, outside this event loop. So the guard is a
 of uvicorn's protocol, which keeps upstream's exact HTTP behaviour (tests/test_http_contract.py):
 
 - header timeout: a connection must deliver a request's complete headers within
-  `--http-header-timeout` seconds of opening (or of the request's first byte on a kept-alive
+  `--http-header-timeout-seconds` of opening (or of the request's first byte on a kept-alive
   connection), else it is closed without a response (the body has its own 408 deadline);
-- idle timeout: a kept-alive connection with no new request is closed after `--http-idle-timeout`
+- idle timeout: a kept-alive connection with no new request is closed after `--http-idle-timeout-seconds`
   (uvicorn's keep-alive timeout); a client still sending the body of a request already answered
   is closed at once instead of being read;
 - connection cap: past `--http-max-connections` open connections a new one sheds the oldest
@@ -19,44 +19,16 @@ of uvicorn's protocol, which keeps upstream's exact HTTP behaviour (tests/test_h
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 from typing import Optional
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from laya_grpc.core import flags, metrics
+from laya_grpc.core import metrics
 
 from .conn_limits import IdleConnections
-
-DEFAULT_HEADER_TIMEOUT_S = 10.0
-DEFAULT_IDLE_TIMEOUT_S = 30.0
-DEFAULT_MAX_CONNECTIONS = 1024
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected seconds, got %r" % text) from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError("must be a positive number of seconds, got %r" % text)
-    return value
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    flags.add(p, "--http-header-timeout", env="LAYA_HTTP_HEADER_TIMEOUT", type=_positive_float,
-              default=DEFAULT_HEADER_TIMEOUT_S, metavar="SECONDS",
-              help="close an HTTP connection that has not sent a request's complete headers this long after "
-                   "it opened (or after the request's first byte): a silent or slow client holds no socket")
-    flags.add(p, "--http-idle-timeout", env="LAYA_HTTP_IDLE_TIMEOUT", type=_positive_float,
-              default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
-              help="close a kept-alive HTTP connection after this long without a new request")
-    flags.add(p, "--http-max-connections", env="LAYA_HTTP_MAX_CONNECTIONS", type=flags.positive_int,
-              default=DEFAULT_MAX_CONNECTIONS, metavar="N",
-              help="open HTTP connections at most; one more is closed at once (requests among the open ones "
-                   "are bounded by LAYA_MAX_CONCURRENT)")
+from .settings import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, GatewayOptions
 
 
 class GuardedHttpTools(HttpToolsProtocol):
@@ -117,8 +89,8 @@ class GuardedHttpTools(HttpToolsProtocol):
             self.transport.close()
 
 
-def build_server(app, host: str, port: int, args: argparse.Namespace, root_path: str = "") -> uvicorn.Server:
-    """The uvicorn server for the gateway's HTTP front, with the limits of `add_flags`."""
+def build_server(app, host: str, port: int, args: GatewayOptions, root_path: str = "") -> uvicorn.Server:
+    """The uvicorn server for the gateway's HTTP front, with the limits of the settings."""
     protocol = type("GatewayHttpProtocol", (GuardedHttpTools,), {
         "header_timeout_s": args.http_header_timeout, "max_connections": args.http_max_connections})
     # httptools: ~0.1 ms less gateway CPU a request than uvicorn's h11 default (docs/performance.md)

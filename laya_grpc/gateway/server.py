@@ -1,7 +1,7 @@
 """`laya-grpc gateway`: HTTP `/v1/systemone` (upstream's contract) and the gRPC decision and
-status APIs, in one asyncio process in front of the tokenizer and inference services.
-Never imports torch or mlx. This file is the start-up and shutdown; the flags are in options.py,
-the readiness loop in readiness.py, the warm-up in warmup.py, the HTTP socket in listen.py.
+status APIs, in one asyncio process in front of the tokenizer and inference services, which it
+finds at --tokenizer and --inference. It reports ready (gRPC health, /ready) once both are serving
+and its own warm-up request has gone through; it never imports torch or mlx.
 """
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import asyncio
 import logging
 import sys
 
-from laya_grpc.core import draining, metrics, rpc
+from laya_grpc.core import draining, flags, metrics, rpc
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_observability
 from laya_grpc.core.restart_counts import seed_backend_restarts
 from laya_grpc.core.routing import RouteTable
-from laya_grpc.core.sources import parse_checkpoint_specs
 from laya_proto.v1 import decision_pb2_grpc
 
 from . import conn_limits
@@ -27,7 +26,6 @@ from .grpc_guards import public_server
 from .http_app import build_app
 from .http_server import build_server
 from .listen import listen_socket, split_host_port
-from .options import add_arguments, add_gateway_flags  # noqa: F401 - the command's flags (cli/main.py)
 from .readiness import DECISION_SERVICE, STATUS_SERVICE, follow_readiness
 from .remote import RemoteServices
 from .settings import GatewaySettings
@@ -35,10 +33,14 @@ from .settings import GatewaySettings
 log = logging.getLogger("gateway")
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    flags.add_settings(p, GatewaySettings)
+
+
 async def serve(args: argparse.Namespace) -> int:
-    settings = GatewaySettings.from_env()
+    settings: GatewaySettings = args.settings
     metrics.serve_metrics(args.metrics)
-    sources = parse_checkpoint_specs(args.checkpoint)
+    sources = settings.checkpoint_sources()
     table = RouteTable.build(sources, settings.default_model)
     feed = ChangeFeed()
     services = RemoteServices(parse_target(args.tokenizer, "--tokenizer"), parse_target(args.inference, "--inference"),
@@ -65,15 +67,18 @@ async def serve(args: argparse.Namespace) -> int:
             control = rpc.bind(grpc_server, args.control)
         except RuntimeError as e:
             raise LayaError(Kind.INVALID, "cannot listen on --control %s: %s" % (args.control, e)) from None
+    # the HTTP socket before the gRPC server starts: a port in use ends here with one message, not
+    # with a running gRPC server that the closed event loop cannot shut down
+    host, port = split_host_port(args.http, "--http")
+    http_socket = listen_socket(host, port, args.reuse_port)
     await grpc_server.start()
 
-    host, port = split_host_port(args.http, "--http")
     app = build_app(decider, settings, args.request_timeout_s, admission)
     http = build_server(app, host, port, args, settings.root_path)
     services.start()
 
     readiness = asyncio.ensure_future(follow_readiness(services, feed, app, settings.api_key, hs))
-    http_task = asyncio.ensure_future(http.serve(sockets=[listen_socket(host, port, args.reuse_port)]))
+    http_task = asyncio.ensure_future(http.serve(sockets=[http_socket]))
     log.info("gateway: http on %s:%d, grpc on %s%s, tokenizer %s, inference %s", host, port, status.address,
              " (this worker: %s)" % control if control else "", ",".join(split_entries(args.tokenizer)),
              ",".join(split_entries(args.inference)))
@@ -102,7 +107,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_observability("gateway", args)
+    setup_observability("gateway", args.settings)
     try:
         return asyncio.run(serve(args))
     except LayaError as e:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import cpu_quota
+from laya_grpc.core import cpu_quota, flags
 from laya_grpc.core.errors import Kind, LayaError
 
 log = logging.getLogger("laya_grpc.inference.devices")
@@ -102,7 +102,7 @@ def configure_cpu_threads() -> int:
         pass
     log.info("torch CPU threads: %d (%d CPUs in the affinity mask, cgroup CPU quota %s; OpenMP wait policy %s%s)",
              n, cpu_quota.affinity_cpus(), cpu_quota.cgroup_cpu_limit() or "none",
-             os.environ.get("OMP_WAIT_POLICY"), ", set after torch was loaded" if late else "")
+             flags.external("OMP_WAIT_POLICY"), ", set after torch was loaded" if late else "")
     return n
 
 

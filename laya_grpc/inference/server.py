@@ -17,7 +17,7 @@ import numpy as np
 
 from laya_grpc.core import draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import ChangeFeed, add_observability_flags, clamp_heartbeat, install_stop_signals, setup_observability
+from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.decode import softmax_f32
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokens_pb2
@@ -25,7 +25,7 @@ from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokens_
 from .batcher import Batcher
 from .registry import Registry
 from .devices import init_device, pick_device
-from .settings import InferenceSettings, add_model_flags
+from .settings import InferenceSettings
 
 log = logging.getLogger("laya_grpc.inference")
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
@@ -111,7 +111,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         return S.ServiceStatus(
             service="inference", state=self.state, detail=self.detail, instance_id=self.feed.instance_id,
             sequence=self.feed.sequence, time_unix=time.time(), started_unix=self.feed.started,
-            queue_depth=self.batcher.depth, inflight=self.inflight, address=self.settings.address,
+            queue_depth=self.batcher.depth, inflight=self.inflight, address=self.settings.listen,
             checkpoints=[self.registry.status(s) for s in self.registry.slots.values()])
 
     @rpc.servicer_errors
@@ -129,7 +129,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
 async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) -> int:
     try:
-        pick = pick_device(settings.device, settings.backend, settings.require_device)
+        device, required = settings.device_choice()
+        pick = pick_device(device, settings.backend, required)
     except LayaError as e:
         log.error("%s", e.detail)
         print("laya-grpc inference: %s" % e.detail, file=sys.stderr)
@@ -151,9 +152,9 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
     hs = rpc.add_health_and_reflection(srv, [SERVICE_NAME])
     await rpc.set_health(hs, [SERVICE_NAME], False)
     try:
-        settings.address = rpc.bind(srv, settings.address)
+        settings.listen = rpc.bind(srv, settings.listen)
     except RuntimeError as e:
-        print("laya-grpc inference: cannot listen on %s: %s (address in use?)" % (settings.address, e), file=sys.stderr)
+        print("laya-grpc inference: cannot listen on %s: %s (address in use?)" % (settings.listen, e), file=sys.stderr)
         return 2
     await srv.start()
     calls = ipc_endpoint and ipc.IpcServer(ipc_endpoint, servicer.infer, inference_pb2.InferCall,
@@ -162,7 +163,7 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
     # first in the device thread's queue: the CUDA context comes up while checkpoints are read and hashed
     device_init = batcher.run_on_device(lambda: init_device(pick.device, settings.backend))
     device_init.add_done_callback(lambda fut: _log_device_init(fut, pick.device))
-    log.info("inference listening on %s (backend %s, device %s%s)", settings.address, settings.backend, pick.device,
+    log.info("inference listening on %s (backend %s, device %s%s)", settings.listen, settings.backend, pick.device,
              " FALLBACK: " + pick.reason if pick.fallback else "")
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -215,20 +216,15 @@ async def _preload(servicer: InferenceServicer, registry: Registry, hs, feed: Ch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    flags.add(p, "--listen", env="LAYA_INFERENCE_LISTEN", default="127.0.0.1:50052",
-              help="address to serve on: HOST:PORT or unix:/path.sock")
-    metrics.add_flag(p, "LAYA_INFERENCE_METRICS")
-    ipc.add_flag(p, "LAYA_INFERENCE_IPC", "Infer")
-    draining.add_flag(p)
-    add_observability_flags(p)
-    add_model_flags(p)
+    flags.add_settings(p, InferenceSettings)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_observability("inference", args)
+    settings = args.settings
+    setup_observability("inference", settings)
     try:
-        settings = InferenceSettings.from_args(args)
+        settings.checkpoints
     except LayaError as e:
         print("laya-grpc inference: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(settings, args.ipc))
+    return asyncio.run(serve(settings, settings.ipc))

@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,14 +17,15 @@ from typing import Optional
 
 from laya_grpc.core import cpu_quota, draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_observability
+from laya_grpc.core.lifecycle import install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.questions import parse_questions
-from laya_grpc.core.sources import open_source, parse_checkpoint_specs
+from laya_grpc.core.sources import open_source
 from laya_proto.v1 import tokenizer_pb2, tokenizer_pb2_grpc, tokens_pb2
 
 from .encoding import EncodeJob, TextEncoder
 from .microbatch import MicroBatcher
+from .settings import TokenizerSettings
 from laya_grpc.core.question_wire import question_from_text
 
 log = logging.getLogger("laya_grpc.tokenizer")
@@ -171,24 +171,16 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    flags.add(p, "--listen", env="LAYA_TOKENIZER_LISTEN", default="127.0.0.1:50053",
-              help="address to serve on: HOST:PORT or unix:/path.sock")
-    flags.add(p, "--checkpoint", env="LAYA_CHECKPOINTS", append=True, metavar="NAME=SOURCE",
-              help="checkpoints whose tokenizers to serve (same specs as 'inference'); default: upstream's hub checkpoints")
-    flags.add(p, "--threads", env="LAYA_TOKENIZER_THREADS", default=cpu_quota.pool_size(4), type=int,
-              help="threads running encode_batch (the tokenizers library releases the GIL); default: the CPUs "
-                   "this process may use (affinity and cgroup CPU quota), at most 4")
-    metrics.add_flag(p, "LAYA_TOKENIZER_METRICS")
-    ipc.add_flag(p, "LAYA_TOKENIZER_IPC", "Tokenize")
-    draining.add_flag(p)
-    add_observability_flags(p)
+    flags.add_settings(p, TokenizerSettings)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_observability("tokenizer", args)
+    settings = args.settings
+    setup_observability("tokenizer", settings)
     try:
-        sources = parse_checkpoint_specs(args.checkpoint)
+        sources = settings.checkpoint_sources()
     except LayaError as e:
         print("laya-grpc tokenizer: %s" % e.detail, file=sys.stderr)
         return 2
-    return asyncio.run(serve(sources, args.listen, args.threads, args.metrics, args.ipc, args.drain_grace_s))
+    return asyncio.run(serve(sources, settings.listen, settings.tokenizer_threads, settings.metrics, settings.ipc,
+                             settings.drain_grace_s))

@@ -53,7 +53,7 @@ from typing import Optional
 
 from tokenizers import Tokenizer
 
-from laya_grpc.core import cpu_quota
+from laya_grpc.core import cpu_quota, flags
 
 log = logging.getLogger("laya_grpc.tokenizer")
 
@@ -182,10 +182,10 @@ def rayon_threads() -> int:
     """How many threads `encode_batch` can use: 1 when TOKENIZERS_PARALLELISM turns it off, else
     rayon's RAYON_NUM_THREADS (or legacy RAYON_RS_NUM_CPUS), else the CPUs this process may use
     (affinity mask and cgroup quota, as rayon's own default counts them)."""
-    if os.environ.get("TOKENIZERS_PARALLELISM", "true").lower() in _FALSY:
+    if (flags.external("TOKENIZERS_PARALLELISM") or "true").lower() in _FALSY:
         return 1
     for name in ("RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS"):
-        value = os.environ.get(name, "")
+        value = flags.external(name) or ""
         if value.isdigit():
             if int(value) > 0:
                 return int(value)

@@ -1,0 +1,36 @@
+"""The tokenizer service's settings; its flags and environment variables are generated from them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from laya_grpc.core import cpu_quota
+from laya_grpc.core.flags import positive_int, setting
+from laya_grpc.core.settings import ServiceSettings
+
+LISTEN = "127.0.0.1:50053"
+
+
+@dataclass
+class TokenizerOnlySettings:
+    """The tokenizer's own settings, which `serve` passes to its tokenizer workers."""
+    SECTION = "tokenizer"
+
+    tokenizer_threads: int = setting(cpu_quota.pool_size(4),
+                                     "threads running encode_batch in each tokenizer process (the tokenizers "
+                                     "library releases the GIL; default: the CPUs this process may use, affinity and cgroup CPU "
+                                     "quota, at most 4)", type=positive_int, deprecated=("--threads",))
+
+
+@dataclass
+class TokenizerSettings(TokenizerOnlySettings, ServiceSettings):
+    SECTION = "this process"
+
+    listen: str = setting(LISTEN, "address to serve on: HOST:PORT or unix:/path.sock",
+                          metavar="ADDRESS", deprecated=("LAYA_TOKENIZER_LISTEN",))
+    metrics: Optional[str] = setting(None, "serve this process's Prometheus metrics on this address (off by "
+                                     "default)", metavar="HOST:PORT", deprecated=("LAYA_TOKENIZER_METRICS",))
+    ipc: Optional[str] = setting(None, "also take Tokenize calls on this unix socket (cheaper than gRPC between "
+                                 "processes of one host; 'serve' uses it for its own children); health, status "
+                                 "and the other RPCs stay on --listen", metavar="ipc:///PATH",
+                                 deprecated=("LAYA_TOKENIZER_IPC",))
