@@ -79,7 +79,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     infs = ["unix:" + os.path.join(run_dir, n + ".sock") for n in names]
     grace = ["--drain-grace-s", str(args.drain_grace_s)]
     children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + grace
-                      + local_ipc(args, run_dir, "tokenizer-%d" % i)[0]) for i, t in enumerate(toks)]
+                      + local_ipc(args, run_dir, "tokenizer-%d" % i)[0], stop_stage=1) for i, t in enumerate(toks)]
     inference = me + ["inference", "--backend", args.backend,
                       "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
                       "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
@@ -92,7 +92,8 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     if args.no_warmup:
         inference.append("--no-warmup")
     for name, inf, device in zip(names, infs, devices):
-        children.append(Child(name, inference + ["--listen", inf, "--device", device] + local_ipc(args, run_dir, name)[0]))
+        children.append(Child(name, inference + ["--listen", inf, "--device", device] + local_ipc(args, run_dir, name)[0],
+                              stop_stage=1))
     inf_addrs = [local_ipc(args, run_dir, n)[1] or i for n, i in zip(names, infs)]
     tok_addrs = [local_ipc(args, run_dir, "tokenizer-%d" % i)[1] or t for i, t in enumerate(toks)]
     gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc] + ck + grace
@@ -104,7 +105,8 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
         argv = gw + ["--inference", ",".join(_rotated(inf_addrs, k))]
         for t in _rotated(tok_addrs, k):
             argv += ["--tokenizer", t]
-        children.append(Child("gateway-%d" % k, argv + ["--control", control_address(run_dir, k)]))
+        # stopped first: a draining gateway still calls the tokenizers and inference replicas
+        children.append(Child("gateway-%d" % k, argv + ["--control", control_address(run_dir, k)], stop_stage=0))
     return children
 
 
@@ -213,7 +215,7 @@ async def serve(args: argparse.Namespace) -> int:
                     err = sup.fatal.exception()
                     print("laya-grpc serve: %s; stopping (see the message above)" % err, file=sys.stderr)
                     return err.code if isinstance(err, FatalChildExit) else 1
-            finally:   # SIGTERM to every child; each drains for up to --drain-grace-s before it is killed
+            finally:   # the gateways drain first (up to --drain-grace-s each), then the services they call
                 await sup.close(grace_s=args.drain_grace_s + 5.0)
         return 0
     finally:

@@ -49,6 +49,8 @@ from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.turns import TURN_MS, DeviceSpeed
 
+from .faults import FAULTS
+
 log = logging.getLogger("laya_grpc.inference.batcher")
 # the largest batch (in runner cost tokens) an inline turn runs: a few short requests; on an H200 a
 # forward of this size takes ~1.3-2.5 ms, which the event loop then waits out
@@ -294,6 +296,7 @@ class Batcher:
                 raise _AllCancelled()
             idx = range(a, min(a + per, rows.n))
             part = rows if per >= rows.n else rows.take(idx)
+            FAULTS.before_forward()   # no-op unless a test set LAYA_TEST_FAULTS (inference/faults.py)
             lg, ac = runner.run_rows(part, pad_id, pad_to=L)
             logits += [lg[i - a, : int(counts[i])].astype(np.float32, copy=True) for i in idx]
             acts.append(ac[: len(idx)])
