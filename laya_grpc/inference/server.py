@@ -23,7 +23,9 @@ from laya_grpc.core.decode import softmax_f32
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokens_pb2
 
 from .batcher import Batcher
-from .registry import Registry
+from .faults import FAULTS
+from .outcomes import ForwardHealth
+from .registry import Registry, shape_forward
 from .devices import init_device, pick_device
 from .settings import InferenceSettings, add_model_flags
 
@@ -47,6 +49,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         # device and dtype of each live runner, read from its weights once (not on every response;
         # status() still reads them live); weak keys, so an evicted runner is not kept alive
         self._runner_facts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self.health: "ForwardHealth | None" = None   # set by serve() once the device thread runs
 
     def _facts(self, runner) -> tuple:
         facts = self._runner_facts.get(runner)
@@ -69,9 +72,26 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         try:
             async with self.registry.pinned(request.checkpoint) as slot:
                 return await self._infer(slot, request)
+        except LayaError as e:
+            self._failed(e.kind, e.detail)
+            raise
+        except Exception as e:
+            self._failed(Kind.INTERNAL, "%s: %s" % (type(e).__name__, e))
+            raise
         finally:
             self.inflight -= 1
             self.trim.ended()
+
+    def _failed(self, kind: Kind, detail: str) -> None:
+        """A failed Infer call: counted, logged with its request ids, and an internal failure (the
+        device's, not the request's) checked by a probe forward (inference/outcomes.py)."""
+        metrics.INFERENCE_ERRORS.labels(self.settings.address, kind.name.lower()).inc()
+        if kind is Kind.INTERNAL:
+            log.error("Infer failed: %s", detail)
+            if self.health is not None:
+                self.health.failed()
+        else:
+            log.info("Infer refused (%s): %s", kind.name.lower(), detail)
 
     async def _infer(self, slot, request) -> inference_pb2.InferResponse:
         runner = slot.runner
@@ -156,6 +176,9 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
         print("laya-grpc inference: cannot listen on %s: %s (address in use?)" % (settings.address, e), file=sys.stderr)
         return 2
     await srv.start()
+    servicer.health = ForwardHealth(lambda: _probe_forward(registry, batcher),
+                                    lambda ok, detail: _set_serving(servicer, hs, feed, ok, detail))
+    gpu_memory = asyncio.ensure_future(memory_gauges(pick.device, settings.backend))
     calls = ipc_endpoint and ipc.IpcServer(ipc_endpoint, servicer.infer, inference_pb2.InferCall,
                                            inference_pb2.InferReply, tokens_pb2.CallError, "Infer").start()
     batcher.start()
@@ -171,6 +194,8 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
     loading = asyncio.ensure_future(_preload(servicer, registry, hs, feed, preload))
     await stop.wait()
     loading.cancel()
+    gpu_memory.cancel()
+    servicer.health.close()
     servicer.state, servicer.detail = S.STATE_DRAINING, "shutting down"
     feed.bump()
     await draining.drain(srv, hs, [SERVICE_NAME], settings.drain_grace_s,
@@ -182,6 +207,47 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
     # 5 s the supervisor allows after the drain grace before SIGKILL
     batcher.stop(timeout_s=1.5)
     return 0
+
+
+async def _probe_forward(registry: Registry, batcher: Batcher) -> None:
+    """One small forward on the device thread with a checkpoint that is ready (the health probe);
+    nothing to probe (none ready) counts as a success."""
+    slot = next((s for s in registry.slots.values() if s.state == S.STATE_READY and s.runner is not None), None)
+    if slot is None:
+        return
+    runner, ckpt, pad_id = slot.runner, slot.ckpt, slot.pad_id
+
+    def probe() -> None:
+        FAULTS.before_forward()
+        shape_forward(runner, ckpt, pad_id)
+    await batcher.run_on_device(probe)
+
+
+async def _set_serving(servicer: InferenceServicer, hs, feed: ChangeFeed, ok: bool, detail: str) -> None:
+    """Health from the forwards' outcome; a draining or never-ready service stays as it is."""
+    if servicer.state not in (S.STATE_READY, S.STATE_FAILED) or (ok and servicer.state == S.STATE_READY):
+        return
+    servicer.state, servicer.detail = (S.STATE_READY, "") if ok else (S.STATE_FAILED, detail)
+    await rpc.set_health(hs, [SERVICE_NAME], ok)
+    feed.bump()
+
+
+async def memory_gauges(device: str, backend: str, every_s: float = 5.0) -> None:
+    """`laya_inference_device_memory_bytes` of a CUDA device, every few seconds (nothing elsewhere)."""
+    if backend != "torch" or not str(device).startswith("cuda"):
+        return
+    import torch
+    index = torch.device(device).index or 0
+    while True:
+        await asyncio.sleep(every_s)   # the first read after the device thread made the context
+        try:
+            metrics.DEVICE_MEMORY.labels(device, "allocated").set(torch.cuda.memory_allocated(index))
+            metrics.DEVICE_MEMORY.labels(device, "reserved").set(torch.cuda.memory_reserved(index))
+            free, total = torch.cuda.mem_get_info(index)
+            metrics.DEVICE_MEMORY.labels(device, "used").set(total - free)
+            metrics.DEVICE_MEMORY.labels(device, "total").set(total)
+        except RuntimeError as e:   # a lost device: the forwards' health says so; keep the last values
+            log.debug("device memory not readable: %s", e)
 
 
 def _log_device_init(fut: "asyncio.Future", device: str) -> None:
@@ -209,6 +275,7 @@ async def _preload(servicer: InferenceServicer, registry: Registry, hs, feed: Ch
         failed = [n for n in preload if n not in ok]
         servicer.detail = ("failed: %s" % ", ".join(failed)) if failed else ""
         await rpc.set_health(hs, [SERVICE_NAME], True)
+        metrics.INFERENCE_HEALTHY.set(1)
     else:
         servicer.state, servicer.detail = S.STATE_FAILED, "no checkpoint could be loaded"
     feed.bump()
