@@ -49,11 +49,12 @@ def test_a_replica_whose_forwards_fail_turns_not_serving_and_clients_see_no_erro
     fault = str(tmp_path / "device-lost")
     tok, inf_a, inf_b, http, grpc_port, m_gw, m_b = sa.free_ports(7)
     a, b = "127.0.0.1:%d" % inf_a, "127.0.0.1:%d" % inf_b
-    procs = [sa.tokenizer(tiny_ckpt, tok), sa.inference(tiny_ckpt, a),
+    json_logs = sa.base_env(LAYA_LOG_FORMAT="json", LAYA_LOG_LEVEL="DEBUG")   # DEBUG: a line per internal call
+    procs = [sa.tokenizer(tiny_ckpt, tok, env=json_logs), sa.inference(tiny_ckpt, a, env=json_logs),
              sa.inference(tiny_ckpt, b, "--metrics", "127.0.0.1:%d" % m_b,
-                          env=sa.base_env(LAYA_TEST_FAULTS="fail_while=" + fault)),
+                          env=dict(json_logs, LAYA_TEST_FAULTS="fail_while=" + fault)),
              sa.gateway(tiny_ckpt, http, grpc_port, "127.0.0.1:%d" % tok, "%s,%s" % (a, b),
-                        "--metrics", "127.0.0.1:%d" % m_gw)]
+                        "--metrics", "127.0.0.1:%d" % m_gw, env=json_logs)]
     outcomes, stop = [], threading.Event()
 
     def load():   # one request after another: the balancer alternates, so half reach the broken replica
@@ -102,3 +103,19 @@ def test_a_replica_whose_forwards_fail_turns_not_serving_and_clients_see_no_erro
         stop.set()
         for p in reversed(procs):
             p.stop()
+    _check_logs(procs)
+
+
+# the lines about one request: the gateway's access log, each internal call, each failure
+REQUEST_LINES = ("Tokenize ", "Infer ", "forward failed")
+
+
+def _check_logs(procs: list) -> None:
+    """Every line of every process parses as JSON, nothing reached stderr around the log handler
+    (a library's traceback print), and every line about a request carries its request id."""
+    for p in procs:
+        lines = [json.loads(line) for line in p.log().splitlines() if line.strip()]
+        assert not [ln for ln in lines if ln["logger"] == "stderr"], p.proc.args[3]
+        about = [ln for ln in lines if ln["logger"] == "laya_grpc.access" or ln["msg"].startswith(REQUEST_LINES)]
+        assert about, (p.proc.args[3], lines[-5:])
+        assert all(ln.get("request_id") for ln in about), [ln for ln in about if not ln.get("request_id")][:3]

@@ -111,6 +111,10 @@ TOKENIZER_CALLS = _Family(Counter, "laya_tokenizer_calls_total", "Tokenize calls
                           "it reported SERVING when each arrived", ["serving"])
 TOKENIZE_JOBS = _Family(Histogram, "laya_tokenizer_jobs_per_batch", "Requests sharing one encode_batch call",
                         buckets=(1, 2, 4, 8, 16, 32, 64))
+TOKENIZE_SECONDS = _Family(Histogram, "laya_tokenizer_tokenize_seconds", "Time of one Tokenize call that succeeded, "
+                           "in this replica", buckets=_LATENCY)
+TOKENIZER_ERRORS = _Family(Counter, "laya_tokenizer_errors_total", "Tokenize calls this replica failed, by replica "
+                           "(its listen address) and error kind", ["replica", "kind"])
 TOKENIZER_HEAP_TRIMS = _Family(Counter, "laya_tokenizer_heap_trims_total", "Times freed heap went back to the OS "
                                "after large calls, once idle (glibc malloc_trim)")
 

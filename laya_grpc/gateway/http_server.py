@@ -127,6 +127,7 @@ def build_server(app, host: str, port: int, args: argparse.Namespace, root_path:
         "header_timeout_s": args.http_header_timeout, "max_connections": args.http_max_connections})
     # httptools: ~0.1 ms less gateway CPU a request than uvicorn's h11 default (docs/performance.md)
     server = GatewayHttpServer(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                           log_config=None,   # uvicorn's lines go through our handler (JSON too)
                                            lifespan="off", timeout_keep_alive=args.http_idle_timeout,
                                            root_path=root_path, http=protocol,
                                            timeout_graceful_shutdown=args.drain_grace_s,

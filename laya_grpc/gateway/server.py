@@ -11,7 +11,7 @@ import logging
 import sys
 import time
 
-from laya_grpc.core import metrics, rpc
+from laya_grpc.core import draining, metrics, rpc
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_observability
 from laya_grpc.core.restart_counts import seed_backend_restarts
@@ -105,6 +105,7 @@ async def drain(http, http_task, grpc_server, hs, services, feed: ChangeFeed, re
     await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], False)
     http.should_exit = True   # uvicorn: listener closed, open responses get the drain grace
     await asyncio.gather(grpc_server.stop(grace=grace_s), http_task, return_exceptions=True)
+    await draining.settle_calls()
     log.info("gateway drained in %.2f s", time.monotonic() - t0)
 
 

@@ -44,7 +44,7 @@ from typing import Callable
 
 import numpy as np
 
-from laya_grpc.core import metrics
+from laya_grpc.core import metrics, request_id
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.turns import TURN_MS, DeviceSpeed
@@ -77,6 +77,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     enqueued: float = field(default_factory=time.perf_counter)
+    request_id: str = field(default_factory=request_id.current_id)   # the submitting call's (log lines)
 
 
 @dataclass
@@ -313,7 +314,7 @@ class Batcher:
         except BaseException as e:  # noqa: BLE001
             err = e if isinstance(e, LayaError) else LayaError(Kind.INTERNAL, "forward failed: %s: %s" % (type(e).__name__, e))
             if not isinstance(e, LayaError):
-                log.exception("forward failed")
+                log.exception("forward failed", extra={"request_id": ",".join(j.request_id for j in jobs if j.request_id)})
             for j in jobs:
                 j.loop.call_soon_threadsafe(_set_exception, j.future, err)
             self._idle_since = time.perf_counter()

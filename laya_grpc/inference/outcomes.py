@@ -15,6 +15,7 @@ device thread's queue, plus one small forward; on an idle replica that is millis
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import Awaitable, Callable, Optional
 
@@ -36,7 +37,8 @@ class ForwardHealth:
 
     def failed(self) -> None:
         if self._task is None:   # one check at a time; failures meanwhile are what it is checking
-            self._task = asyncio.ensure_future(self._check())
+            # in a context of its own: its lines are about the replica, not the request that failed
+            self._task = asyncio.get_running_loop().create_task(self._check(), context=contextvars.Context())
 
     async def _probe_error(self) -> str:
         try:

@@ -66,7 +66,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                                   tokens_pb2.CallError, "Infer")
 
     async def infer(self, request) -> inference_pb2.InferResponse:
-        request_id.begin(",".join(o.request_id for o in request.origins))   # this call's own task
+        request_id.begin(",".join(o.request_id for o in request.origins),   # this call's own task
+                         next((o.traceparent for o in request.origins if o.traceparent), ""))
         self._calls[self.state == S.STATE_READY].inc()
         self.inflight += 1
         try:
@@ -106,6 +107,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         call_start = time.time_ns() if tracing.enabled() else 0
         res = await self.batcher.submit(slot.name, rows)
         metrics.QUEUE_SECONDS.observe(res.queue_ms / 1e3)
+        if log.isEnabledFor(logging.DEBUG):   # LAYA_LOG_LEVEL=DEBUG: one line per call
+            log.debug("Infer %s: %d rows (batch of %d), queue %.2f ms, model %.2f ms", slot.name, rows.n,
+                      res.batch_rows, res.queue_ms, res.model_ms)
         tracing.record_batched([o.traceparent for o in request.origins], call_start, res.queue_ms, res.model_ms,
                                checkpoint=slot.name, batch_rows=res.batch_rows, call_rows=rows.n)
         probs = [softmax_f32(lg / np.float32(slot.temps.for_question(q, len(lg))))

@@ -61,6 +61,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
     def __init__(self, tokenizers: dict, pool: ThreadPoolExecutor):
         self.tokenizers, self.pool = tokenizers, pool
         self.serving = False    # what grpc.health.v1 says (calls are counted by it)
+        self.address = ""       # where it listens (the replica label of its error counter)
         self.inflight = 0       # calls running (draining waits for them; the heap is trimmed once none is)
         self.trim = memory.IdleTrim(lambda: self.inflight, lambda fn: asyncio.get_running_loop().run_in_executor(pool, fn),
                                     TRIM_AFTER_CHARS, metrics.TOKENIZER_HEAP_TRIMS)
@@ -83,15 +84,37 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
                                   tokens_pb2.CallError, "Tokenize")
 
     async def tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
-        request_id.begin(request.origin.request_id)   # this call's own task: its log lines carry the id
+        # this call's own task: its log lines carry the request id and trace id
+        request_id.begin(request.origin.request_id, request.origin.traceparent)
         self._calls[self.serving].inc()
         self.inflight += 1
+        t0 = time.perf_counter()
         try:
             with tracing.server_span("tokenizer.tokenize", request.origin.traceparent, checkpoint=request.checkpoint):
-                return await self._tokenize(request)
+                resp = await self._tokenize(request)
+            seconds = time.perf_counter() - t0
+            metrics.TOKENIZE_SECONDS.observe(seconds)
+            if log.isEnabledFor(logging.DEBUG):   # LAYA_LOG_LEVEL=DEBUG: one line per call
+                log.debug("Tokenize %s: %d states, %d rows, %.2f ms", request.checkpoint, len(request.states_json),
+                          resp.rows_per_state * len(request.states_json), seconds * 1e3)
+            return resp
+        except LayaError as e:
+            self._failed(e.kind, e.detail)
+            raise
+        except Exception as e:
+            self._failed(Kind.INTERNAL, "%s: %s" % (type(e).__name__, e))
+            raise
         finally:
             self.inflight -= 1
             self.trim.ended()
+
+    def _failed(self, kind: Kind, detail: str) -> None:
+        """A failed Tokenize call: counted by kind, logged with its request id."""
+        metrics.TOKENIZER_ERRORS.labels(self.address, kind.name.lower()).inc()
+        if kind is Kind.INTERNAL:
+            log.error("Tokenize failed: %s", detail)
+        else:
+            log.info("Tokenize refused (%s): %s", kind.name.lower(), detail)
 
     async def _tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
         tok = self._get(request.checkpoint)
@@ -140,7 +163,7 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
     hs = rpc.add_health_and_reflection(srv, [SERVICE_NAME])
     await rpc.set_health(hs, [SERVICE_NAME], False)
     try:
-        address = rpc.bind(srv, address)
+        address = servicer.address = rpc.bind(srv, address)
     except RuntimeError as e:
         print("laya-grpc tokenizer: cannot listen on %s: %s (address in use?)" % (address, e), file=sys.stderr)
         return 2
