@@ -8,6 +8,7 @@ status, ms, request id, checkpoint. `LAYA_ACCESS_LOG=0` silences it.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -15,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from typing import Callable, Optional
 
 from . import request_id
 
@@ -168,6 +170,27 @@ def setup(service: str, fmt: str | None = None, level: str | None = None) -> Non
         cygrpc.addFilter(_DropCancelled())
     if os.environ.get("LAYA_ACCESS_LOG", "1") in ("0", "false", "no", "off"):
         access_log.disabled = True
+
+
+@contextlib.contextmanager
+def call_failures(logger: logging.Logger, call: str, counter, replica: str,
+                  on_internal: Optional[Callable[[], None]] = None):
+    """Around a service's handling of one internal call: a failure is counted (`counter` by replica
+    and kind), logged with the request id (ERROR when internal, INFO for a refusal) and re-raised;
+    `on_internal()` runs after an internal one."""
+    from .errors import Kind, LayaError
+    try:
+        yield
+    except Exception as e:
+        kind, detail = (e.kind, e.detail) if isinstance(e, LayaError) else (Kind.INTERNAL, "%s: %s" % (type(e).__name__, e))
+        counter.labels(replica, kind.name.lower()).inc()
+        if kind is Kind.INTERNAL:
+            logger.error("%s failed: %s", call, detail)
+            if on_internal is not None:
+                on_internal()
+        else:
+            logger.info("%s refused (%s): %s", call, kind.name.lower(), detail)
+        raise
 
 
 def access(api: str, route: str, status: int, ms: float, rid: str, checkpoint: str) -> None:

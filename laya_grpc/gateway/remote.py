@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 
 from laya_grpc.core import ipc, request_id, rpc, streams, timing, tracing
-from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.errors import LayaError
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.question_wire import question_to_text

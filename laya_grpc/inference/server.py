@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, logs, memory, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, add_observability_flags, clamp_heartbeat, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
@@ -71,28 +71,17 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self._calls[self.state == S.STATE_READY].inc()
         self.inflight += 1
         try:
-            async with self.registry.pinned(request.checkpoint) as slot:
-                return await self._infer(slot, request)
-        except LayaError as e:
-            self._failed(e.kind, e.detail)
-            raise
-        except Exception as e:
-            self._failed(Kind.INTERNAL, "%s: %s" % (type(e).__name__, e))
-            raise
+            with logs.call_failures(log, "Infer", metrics.INFERENCE_ERRORS, self.settings.address, self._internal_failure):
+                async with self.registry.pinned(request.checkpoint) as slot:
+                    return await self._infer(slot, request)
         finally:
             self.inflight -= 1
             self.trim.ended()
 
-    def _failed(self, kind: Kind, detail: str) -> None:
-        """A failed Infer call: counted, logged with its request ids, and an internal failure (the
-        device's, not the request's) checked by a probe forward (inference/outcomes.py)."""
-        metrics.INFERENCE_ERRORS.labels(self.settings.address, kind.name.lower()).inc()
-        if kind is Kind.INTERNAL:
-            log.error("Infer failed: %s", detail)
-            if self.health is not None:
-                self.health.failed()
-        else:
-            log.info("Infer refused (%s): %s", kind.name.lower(), detail)
+    def _internal_failure(self) -> None:
+        """Not the request's fault: a probe forward checks the device (inference/outcomes.py)."""
+        if self.health is not None:
+            self.health.failed()
 
     async def _infer(self, slot, request) -> inference_pb2.InferResponse:
         runner = slot.runner

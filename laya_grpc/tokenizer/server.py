@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, logs, memory, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
@@ -90,7 +90,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
         self.inflight += 1
         t0 = time.perf_counter()
         try:
-            with tracing.server_span("tokenizer.tokenize", request.origin.traceparent, checkpoint=request.checkpoint):
+            with logs.call_failures(log, "Tokenize", metrics.TOKENIZER_ERRORS, self.address), \
+                    tracing.server_span("tokenizer.tokenize", request.origin.traceparent, checkpoint=request.checkpoint):
                 resp = await self._tokenize(request)
             seconds = time.perf_counter() - t0
             metrics.TOKENIZE_SECONDS.observe(seconds)
@@ -98,23 +99,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
                 log.debug("Tokenize %s: %d states, %d rows, %.2f ms", request.checkpoint, len(request.states_json),
                           resp.rows_per_state * len(request.states_json), seconds * 1e3)
             return resp
-        except LayaError as e:
-            self._failed(e.kind, e.detail)
-            raise
-        except Exception as e:
-            self._failed(Kind.INTERNAL, "%s: %s" % (type(e).__name__, e))
-            raise
         finally:
             self.inflight -= 1
             self.trim.ended()
-
-    def _failed(self, kind: Kind, detail: str) -> None:
-        """A failed Tokenize call: counted by kind, logged with its request id."""
-        metrics.TOKENIZER_ERRORS.labels(self.address, kind.name.lower()).inc()
-        if kind is Kind.INTERNAL:
-            log.error("Tokenize failed: %s", detail)
-        else:
-            log.info("Tokenize refused (%s): %s", kind.name.lower(), detail)
 
     async def _tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
         tok = self._get(request.checkpoint)
