@@ -99,6 +99,7 @@ def _sigterm_while_batches_run(http: str, grpc_address: str, pid: int) -> tuple[
 
 
 def _check(results: list, seen: list, t_sig: float) -> None:
+    print("ended this long after SIGTERM (s):", sorted(round(t - t_sig, 2) for _, _, t in results))
     assert len(results) == 16, results
     bad = [(api, outcome, round(t - t_sig, 2)) for api, outcome, t in results if outcome not in (200, "OK")]
     assert not bad, "failed after SIGTERM: %s" % bad
