@@ -27,3 +27,18 @@ def test_sigterm_of_watched_replicas_writes_only_json_lines(tiny_ckpt):
         assert not raw, (p.proc.args[3], raw[:5])
         lines = [json.loads(line) for line in p.log().splitlines() if line.strip()]
         assert not [ln for ln in lines if ln["logger"] == "stderr"], (p.proc.args[3], lines[-5:])
+
+
+def test_with_tracing_on_every_request_line_of_the_three_services_carries_the_trace_id(tiny_ckpt):
+    """Spans go to a port nobody listens on (the exporter's failures are not what is checked)."""
+    from stack import Stack, free_port
+    body = {"state": "hi", "model": "english", "questions": {"q": {"type": "noul", "instructions": "?"}}}
+    with Stack({"english": tiny_ckpt}, env={"LAYA_LOG_LEVEL": "DEBUG"},
+               extra_args=["--log-format", "json", "--otlp-endpoint", "http://127.0.0.1:%d" % free_port(),
+                           "--gateway-workers", "1", "--tokenizer-workers", "1"]) as s:
+        assert s.post("/v1/systemone", body, headers={"x-request-id": "traced-1"})[0] == 200
+        time.sleep(0.5)
+    lines = [json.loads(line) for line in s.full_log().splitlines() if line.startswith("{")]
+    ours = [ln for ln in lines if "traced-1" in ln.get("request_id", "").split(",")]
+    assert {ln["service"] for ln in ours} == {"gateway", "tokenizer", "inference"}, ours
+    assert len({ln.get("trace_id") for ln in ours}) == 1 and ours[0].get("trace_id"), ours

@@ -46,9 +46,9 @@ class _RequestIdFilter(logging.Filter):
 def _trace_id() -> str:
     from . import tracing
     parent = tracing.traceparent()
-    if not parent:
+    if not parent:   # outside the request's span (its access line), or tracing off
         ctx = request_id.current()
-        parent = ctx.origin_traceparent if ctx is not None else ""
+        parent = (ctx.traceparent or ctx.origin_traceparent) if ctx is not None else ""
     parts = parent.split("-")
     return parts[1] if len(parts) == 4 else ""
 

@@ -34,6 +34,7 @@ def observed(api: str, route: str, supplied_id: Optional[str] = None, traceparen
     t0 = time.perf_counter()
     try:
         with tracing.request_span("%s %s" % (api, route), traceparent or "", **{"laya.request_id": rid}):
+            ctx.traceparent = tracing.traceparent()
             try:
                 yield scope
                 scope.status = scope.status or 200
