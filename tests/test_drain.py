@@ -136,3 +136,7 @@ def test_sigterm_of_serve_stops_the_gateway_before_what_it_calls(tiny_ckpt):
         results, t_sig, seen = _sigterm_while_batches_run(s.http, s.grpc, s.proc.pid)
         assert s.proc.wait(timeout=2 * GRACE_S + 15) == 0, s.log()
         _check(results, seen, t_sig)
+    # in order: the gateway finished draining before the services it calls began to
+    log = s.full_log()
+    gateway_done = log.index("gateway drained in")
+    assert gateway_done < log.index("tokenizer drained in") and gateway_done < log.index("inference drained in"), log[-3000:]
