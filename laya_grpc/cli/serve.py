@@ -64,10 +64,10 @@ def child_argvs(args: argparse.Namespace, run_dir: str, env: dict | None = None)
     names = ["inference"] if len(devices) == 1 else ["inference-%d" % k for k in range(len(devices))]
     infs = ["unix:" + os.path.join(run_dir, n + ".sock") for n in names]
     children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t]
-                      + local_ipc(args, run_dir, "tokenizer-%d" % i)[0], env) for i, t in enumerate(toks)]
+                      + local_ipc(args, run_dir, "tokenizer-%d" % i)[0], env, stop_stage=1) for i, t in enumerate(toks)]
     for name, inf, device in zip(names, infs, devices):
         children.append(Child(name, me + ["inference", "--listen", inf, "--device", device]
-                              + local_ipc(args, run_dir, name)[0], env))
+                              + local_ipc(args, run_dir, name)[0], env, stop_stage=1))
     inf_addrs = [local_ipc(args, run_dir, n)[1] or i for n, i in zip(names, infs)]
     tok_addrs = [local_ipc(args, run_dir, "tokenizer-%d" % i)[1] or t for i, t in enumerate(toks)]
     gw = me + ["gateway"]
@@ -79,7 +79,8 @@ def child_argvs(args: argparse.Namespace, run_dir: str, env: dict | None = None)
         argv = gw + ["--inference", ",".join(_rotated(inf_addrs, k))]
         for t in _rotated(tok_addrs, k):
             argv += ["--tokenizer", t]
-        children.append(Child("gateway-%d" % k, argv + ["--control", control_address(run_dir, k)], env))
+        # stopped first: a draining gateway still calls the tokenizers and inference replicas
+        children.append(Child("gateway-%d" % k, argv + ["--control", control_address(run_dir, k)], env, stop_stage=0))
     return children
 
 
@@ -186,7 +187,7 @@ async def serve(args: argparse.Namespace) -> int:
                     err = sup.fatal.exception()
                     print("laya-grpc serve: %s; stopping (see the message above)" % err, file=sys.stderr)
                     return err.code if isinstance(err, FatalChildExit) else 1
-            finally:   # SIGTERM to every child; each drains for up to --drain-grace-seconds before it is killed
+            finally:   # the gateways drain first (up to --drain-grace-seconds each), then the services they call
                 await sup.close(grace_s=args.drain_grace_s + 5.0)
         return 0
     finally:

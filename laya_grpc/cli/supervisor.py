@@ -29,6 +29,7 @@ class Child:
     proc: Optional[asyncio.subprocess.Process] = None
     restarts: int = 0
     started: float = 0.0
+    stop_stage: int = 0   # on close, lower stages stop first (the front before what it calls)
 
 
 class FatalChildExit(Exception):
@@ -98,20 +99,26 @@ class Supervisor:
                 await self._spawn(c)
 
     async def close(self, grace_s: float = 5.0) -> None:
+        """Stop the children stage by stage (`Child.stop_stage`, lowest first): SIGTERM to every child
+        of a stage, then up to `grace_s` for them to exit (SIGKILL after that), before the next stage
+        gets its SIGTERM. So the front drains while the services it calls still answer."""
         if self._closing:
             return
         self._closing = True
         for w in self._watchers:
             w.cancel()
-        # the front first, so no new work reaches a backend that is going away
-        for c in reversed(self.children):
+        for stage in sorted({c.stop_stage for c in self.children}):
+            await self._stop([c for c in self.children if c.stop_stage == stage], grace_s)
+
+    async def _stop(self, children: list, grace_s: float) -> None:
+        for c in children:
             if c.proc and c.proc.returncode is None:
                 try:
                     c.proc.send_signal(signal.SIGTERM)
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + grace_s
-        for c in self.children:
+        for c in children:
             if c.proc is None:
                 continue
             try:

@@ -28,6 +28,16 @@ async def drain(server, hs, names: Iterable[str], grace_s: float, busy: Callable
     await rpc.set_health(hs, list(names), False)
     await wait_idle(grace_s, busy, what)
     await server.stop(grace=min(0.5, max(0.0, deadline - time.monotonic())))
+    await settle_calls()
+
+
+async def settle_calls(timeout_s: float = 1.0) -> None:
+    """After a gRPC server stopped: let the tasks it ran calls in (grpc.aio names them `rpc_task` and
+    `HandleExceptions[METHOD]`) see their calls end, rather than leave them to asyncio.run's exit,
+    whose cancelling them makes grpc print a raw `CancelledError` traceback to stderr."""
+    calls = [t for t in asyncio.all_tasks() if t.get_name() == "rpc_task" or t.get_name().startswith("HandleExceptions[")]
+    if calls:
+        await asyncio.wait(calls, timeout=timeout_s)
 
 
 async def wait_idle(grace_s: float, busy: Callable[[], int], what: str) -> None:

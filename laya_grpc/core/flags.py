@@ -335,9 +335,11 @@ def external_default(name: str, value: str) -> None:
     os.environ.setdefault(name, value)
 
 
-# Variables of the machinery rather than settings: the restart counts serve gives its children, and
-# the gRPC message limit core/rpc.py reads at import (lowered by tests).
-INTERNAL = ("LAYA_SUPERVISOR_RESTARTS", "LAYA_GRPC_MAX_MESSAGE_BYTES")
+# Variables of the machinery rather than settings: the restart counts serve gives its children; the
+# gRPC message limit and connection age core/rpc.py reads at import (lowered by tests); the fault
+# injection of inference/faults.py (tests only).
+INTERNAL = ("LAYA_SUPERVISOR_RESTARTS", "LAYA_GRPC_MAX_MESSAGE_BYTES", "LAYA_GRPC_MAX_CONNECTION_AGE_S",
+            "LAYA_TEST_FAULTS")
 
 
 def child_environment(settings_env: Mapping[str, str], extra: Optional[Mapping[str, str]] = None) -> dict:

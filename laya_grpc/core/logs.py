@@ -8,10 +8,14 @@ status, ms, request id, checkpoint. `--no-access-log` (LAYA_ACCESS_LOG=0) silenc
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import sys
+import threading
 import time
+from typing import Callable, Optional
 
 from . import request_id
 
@@ -20,12 +24,25 @@ access_log = logging.getLogger("laya_grpc.access")
 
 
 class _RequestIdFilter(logging.Filter):
-    """Stamps each record with the request id of the task that logged it ('' outside a request)."""
+    """Stamps each record with the request id of the task that logged it ('' outside a request),
+    and its trace id: the current span's when tracing is on, else the one the request arrived with."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "request_id"):
             record.request_id = request_id.current_id()
+        if not hasattr(record, "trace_id"):
+            record.trace_id = _trace_id()
         return True
+
+
+def _trace_id() -> str:
+    from . import tracing
+    parent = tracing.traceparent()
+    if not parent:   # outside the request's span (its access line), or tracing off
+        ctx = request_id.current()
+        parent = (ctx.traceparent or ctx.origin_traceparent) if ctx is not None else ""
+    parts = parent.split("-")
+    return parts[1] if len(parts) == 4 else ""
 
 
 class TextFormatter(logging.Formatter):
@@ -37,6 +54,9 @@ class TextFormatter(logging.Formatter):
         rid = getattr(record, "request_id", "")
         if rid and record.name != access_log.name:
             line += " [request_id=%s]" % rid
+        tid = getattr(record, "trace_id", "")
+        if tid:
+            line += " [trace_id=%s]" % tid
         return line
 
 
@@ -54,6 +74,9 @@ class JsonFormatter(logging.Formatter):
         rid = getattr(record, "request_id", "")
         if rid:
             out["request_id"] = rid
+        tid = getattr(record, "trace_id", "")
+        if tid:
+            out["trace_id"] = tid
         for k in self.FIELDS:
             v = record.__dict__.get(k)
             if v is not None:
@@ -81,13 +104,53 @@ def quiet_grpc_core() -> None:
     flags.external_default("GRPC_VERBOSITY", "ERROR")
 
 
+class _StderrAsJson(io.TextIOBase):
+    """sys.stderr in JSON mode: what code writes there directly (a library's print_exc, a warning)
+    becomes one JSON object per line, logger `stderr`, so the stream stays parseable. The log handler
+    writes to the real stream."""
+
+    def __init__(self, formatter: logging.Formatter, real):
+        self._formatter, self._real, self._buf = formatter, real, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            if line.strip():
+                record = logging.LogRecord("stderr", logging.WARNING, "", 0, line.rstrip(), None, None)
+                record.request_id, record.trace_id = "", ""
+                self._real.write(self._formatter.format(record) + "\n")
+        self._real.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self._real.flush()
+
+    def fileno(self) -> int:
+        return self._real.fileno()
+
+
+def _log_uncaught(exc_type, exc, tb) -> None:
+    logging.getLogger("laya_grpc").critical("uncaught %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb))
+
+
 def setup(service: str, fmt: str | None = None, level: str | None = None, access: bool = True) -> None:
     """Root handler on stderr in `fmt` (default text); grpc's own loggers only from WARNING up.
     Replaces any handler set before, so calling it twice is harmless."""
     fmt = (fmt or "text").lower()
     level = (level or "INFO").upper()
-    handler = logging.StreamHandler(sys.stderr)
+    real = sys.__stderr__ if isinstance(sys.stderr, _StderrAsJson) else sys.stderr
+    handler = logging.StreamHandler(real)
     handler.setFormatter(JsonFormatter(service) if fmt == "json" else TextFormatter(service))
+    if fmt == "json":   # nothing reaches the stream unformatted: direct writes, uncaught exceptions
+        sys.stderr = _StderrAsJson(handler.formatter, real)
+        sys.excepthook = _log_uncaught
+        threading.excepthook = lambda a: _log_uncaught(a.exc_type, a.exc_value, a.exc_traceback)
+        sys.unraisablehook = lambda u: logging.getLogger("laya_grpc").error(
+            "%s: %s", u.err_msg or "exception ignored", u.exc_value, exc_info=(u.exc_type, u.exc_value, u.exc_traceback))
     handler.addFilter(_RequestIdFilter())
     root = logging.getLogger()
     for h in list(root.handlers):
@@ -99,6 +162,27 @@ def setup(service: str, fmt: str | None = None, level: str | None = None, access
     if not any(isinstance(f, _DropCancelled) for f in cygrpc.filters):
         cygrpc.addFilter(_DropCancelled())
     access_log.disabled = not access
+
+
+@contextlib.contextmanager
+def call_failures(logger: logging.Logger, call: str, counter, replica: str,
+                  on_internal: Optional[Callable[[], None]] = None):
+    """Around a service's handling of one internal call: a failure is counted (`counter` by replica
+    and kind), logged with the request id (ERROR when internal, INFO for a refusal) and re-raised;
+    `on_internal()` runs after an internal one."""
+    from .errors import Kind, LayaError
+    try:
+        yield
+    except Exception as e:
+        kind, detail = (e.kind, e.detail) if isinstance(e, LayaError) else (Kind.INTERNAL, "%s: %s" % (type(e).__name__, e))
+        counter.labels(replica, kind.name.lower()).inc()
+        if kind is Kind.INTERNAL:
+            logger.error("%s failed: %s", call, detail)
+            if on_internal is not None:
+                on_internal()
+        else:
+            logger.info("%s refused (%s): %s", call, kind.name.lower(), detail)
+        raise
 
 
 def access(api: str, route: str, status: int, ms: float, rid: str, checkpoint: str) -> None:

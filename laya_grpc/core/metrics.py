@@ -19,7 +19,9 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-_LATENCY = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096)
+# doubling from 0.5 ms to past the gateway's default request timeout (60 s)
+_LATENCY = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096,
+            8.192, 16.384, 32.768, 65.536)
 
 
 class _Family:
@@ -68,6 +70,11 @@ REJECTED = _Family(Counter, "laya_gateway_rejected_total", "Requests refused bef
                    ["api", "reason"])
 CANCELLED = _Family(Counter, "laya_gateway_cancelled_total", "Decision requests abandoned by their client, by API",
                     ["api"])
+BACKEND_ERRORS = _Family(Counter, "laya_gateway_backend_errors_total", "Failed calls to a backend service, by "
+                         "service, replica (its address; the target for a balanced channel) and error kind",
+                         ["service", "replica", "kind"])
+BACKEND_RETRIES = _Family(Counter, "laya_gateway_backend_retries_total", "Calls to a backend service run once more "
+                          "on another replica, by service and the first attempt's error kind", ["service", "kind"])
 GATEWAY_HEAP_TRIMS = _Family(Counter, "laya_gateway_heap_trims_total", "Times freed heap went back to the OS "
                              "after large requests, once idle (glibc malloc_trim)")
 # several gateway workers under serve: ready only when every live one is
@@ -88,6 +95,13 @@ CHECKPOINT_READY = _Family(Gauge, "laya_inference_checkpoint_ready", "1 when the
 INFERENCE_CALLS = _Family(Counter, "laya_inference_calls_total", "Infer calls this replica received, by whether it "
                           "reported SERVING when each arrived (calls while not serving mean a client ignored its "
                           "health)", ["serving"])
+INFERENCE_ERRORS = _Family(Counter, "laya_inference_errors_total", "Infer calls this replica failed, by replica "
+                           "(its listen address) and error kind (internal: the device's fault)", ["replica", "kind"])
+INFERENCE_HEALTHY = _Family(Gauge, "laya_inference_forwards_healthy", "0 while this replica's forwards fail and it "
+                            "reports NOT_SERVING (a probe forward failed too), else 1", multiprocess_mode="livemin")
+DEVICE_MEMORY = _Family(Gauge, "laya_inference_device_memory_bytes", "CUDA device memory, by device and kind "
+                        "(allocated and reserved by torch; used and total on the device)", ["device", "kind"],
+                        multiprocess_mode="livemax")
 INFERENCE_HEAP_TRIMS = _Family(Counter, "laya_inference_heap_trims_total", "Times freed heap went back to the OS "
                                "after large calls, once idle (glibc malloc_trim)")
 
@@ -96,6 +110,10 @@ TOKENIZER_CALLS = _Family(Counter, "laya_tokenizer_calls_total", "Tokenize calls
                           "it reported SERVING when each arrived", ["serving"])
 TOKENIZE_JOBS = _Family(Histogram, "laya_tokenizer_jobs_per_batch", "Requests sharing one encode_batch call",
                         buckets=(1, 2, 4, 8, 16, 32, 64))
+TOKENIZE_SECONDS = _Family(Histogram, "laya_tokenizer_tokenize_seconds", "Time of one Tokenize call that succeeded, "
+                           "in this replica", buckets=_LATENCY)
+TOKENIZER_ERRORS = _Family(Counter, "laya_tokenizer_errors_total", "Tokenize calls this replica failed, by replica "
+                           "(its listen address) and error kind", ["replica", "kind"])
 TOKENIZER_HEAP_TRIMS = _Family(Counter, "laya_tokenizer_heap_trims_total", "Times freed heap went back to the OS "
                                "after large calls, once idle (glibc malloc_trim)")
 

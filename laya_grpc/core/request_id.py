@@ -22,6 +22,7 @@ class RequestContext:
     request_id: str
     checkpoint: str = ""            # set once the request is routed (the access log names it)
     origin_traceparent: str = ""    # the caller's W3C trace context, when the caller sent one
+    traceparent: str = ""           # this request's own span's, when tracing is on (log lines after it ended)
     extra: dict = field(default_factory=dict)
 
 

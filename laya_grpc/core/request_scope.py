@@ -38,6 +38,7 @@ def observed(api: str, route: str, supplied_id: Optional[str] = None, traceparen
     t0 = time.perf_counter()
     try:
         with tracing.request_span(operation or "%s %s" % (api, route), traceparent or "", request_id=rid):
+            ctx.traceparent = tracing.traceparent()
             grpc_code = 13   # INTERNAL: what a gRPC client sees for an exception that is no LayaError
             try:
                 yield scope

@@ -25,11 +25,21 @@ log = logging.getLogger("laya_grpc.core.rpc")
 
 MAX_MESSAGE_BYTES = int(flags.external("LAYA_GRPC_MAX_MESSAGE_BYTES") or 64 * 1024 * 1024)
 
+# Servers send GOAWAY on each connection this long after it opened (gRPC adds +-10% jitter), so
+# clients dial again and re-resolve a dns:/// name: a replica added behind the name gets calls
+# within about this long (without it, only when a connection broke; grpc/grpc#12295). Calls running
+# on the old connection are not cut: the grace is unbounded, because a multiplexed stream
+# (core/streams.py) and a status or health watch live as long as their process.
+MAX_CONNECTION_AGE_S = float(flags.external("LAYA_GRPC_MAX_CONNECTION_AGE_S") or 30)
+_UNBOUNDED_MS = 2**31 - 1
+
 _COMMON = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
 SERVER_OPTIONS = _COMMON + [
+    ("grpc.max_connection_age_ms", int(MAX_CONNECTION_AGE_S * 1000)),
+    ("grpc.max_connection_age_grace_ms", _UNBOUNDED_MS),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -46,6 +56,9 @@ CHANNEL_OPTIONS = _COMMON + [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
     ("grpc.enable_retries", 0),
+    # a dns:/// name is looked up again when a connection ends (GOAWAY at the servers' maximum
+    # age included), at most this often (gRPC's default: 30 s)
+    ("grpc.dns_min_time_between_resolutions_ms", int(min(30.0, MAX_CONNECTION_AGE_S) * 1000)),
 ]
 
 

@@ -20,6 +20,7 @@ of uvicorn's protocol, which keeps upstream's exact HTTP behaviour (tests/test_h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Optional
 
 import uvicorn
@@ -89,20 +90,33 @@ class GuardedHttpTools(HttpToolsProtocol):
             self.transport.close()
 
 
+class GatewayHttpServer(uvicorn.Server):
+    """uvicorn's server without its signal handlers: the gateway's shutdown (gateway/server.py) is
+    the one owner of SIGTERM/SIGINT. uvicorn's `serve()` swaps in its own handlers with
+    `signal.signal` (replacing the event loop's) and, on the signal, stops listening and cancels the
+    requests still running after `timeout_graceful_shutdown`; here the gateway sets `should_exit`
+    itself once it has begun draining, and the grace for open responses is `--drain-grace-seconds`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
 def build_server(app, host: str, port: int, args: GatewayOptions, root_path: str = "") -> uvicorn.Server:
-    """The uvicorn server for the gateway's HTTP front, with the limits of the settings."""
+    """The uvicorn server for the gateway's HTTP front, with the limits of the settings; responses
+    still open at shutdown get `args.drain_grace_s` to finish."""
     protocol = type("GatewayHttpProtocol", (GuardedHttpTools,), {
         "header_timeout_s": args.http_header_timeout, "max_connections": args.http_max_connections})
     # httptools: ~0.1 ms less gateway CPU a request than uvicorn's h11 default (docs/performance.md)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+    server = GatewayHttpServer(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                           log_config=None,   # uvicorn's lines go through our handler (JSON too)
                                            lifespan="off", timeout_keep_alive=args.http_idle_timeout,
                                            root_path=root_path, http=protocol,
-                                           timeout_graceful_shutdown=5,
+                                           timeout_graceful_shutdown=args.drain_grace_s,
                                            # every request from a fresh context: a request's receive()
                                            # resumes a paused socket (a body over 64 KiB), asyncio
                                            # re-registers its reader in that request's context, and the
                                            # next requests on the kept-alive connection inherited it, its
                                            # deadline included (all 408 once it passed; CPython #140947)
                                            reset_contextvars=True))
-    server.install_signal_handlers = lambda: None  # the gateway owns SIGTERM/SIGINT
     return server

@@ -21,13 +21,13 @@ import grpc
 import numpy as np
 
 from laya_grpc.core import ipc, request_id, rpc, streams, timing, tracing
-from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.errors import LayaError
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.question_wire import question_to_text
 from laya_proto.v1 import inference_pb2, status_pb2, tokenizer_pb2, tokenizer_pb2_grpc
 
-from . import coalesce, deadline
+from . import balancing, coalesce, deadline
 from .backends import BackendWatch
 from .coalesce import InferCoalescer
 from .endpoints import BackendTarget, parse_target
@@ -44,24 +44,30 @@ _OWN_TASK: contextvars.ContextVar = contextvars.ContextVar("laya_own_task", defa
 
 
 class UnaryCalls:
-    """The StreamMux interface over plain unary calls (a balanced channel)."""
+    """The StreamMux interface over plain unary calls (a balanced channel); an internal failure
+    is tried once more on the next replica (balancing.once_more)."""
 
-    def __init__(self, method, what: str):
-        self._method, self.what = method, what
+    def __init__(self, method, what: str, target: str = ""):
+        self._method, self.what, self.target = method, what, target
 
     async def call(self, request, timeout: Optional[float] = None):
+        return await balancing.once_more(lambda left, _: self._attempt(request, left), timeout, self.what.split()[0])
+
+    async def _attempt(self, request, timeout: Optional[float]):
         try:
             return await self._method(request, timeout=timeout)
         except grpc.aio.AioRpcError as e:
-            raise rpc.error_from_rpc(e, self.what) from None
+            err = rpc.error_from_rpc(e, self.what)
+            balancing.count_error(self.what.split()[0], self.target, err)
+            raise err from None
 
     async def close(self) -> None:
         pass
 
 
-def backend_calls(balanced: bool, stream_method, unary_method, call_cls, what: str):
+def backend_calls(balanced: bool, stream_method, unary_method, call_cls, what: str, target: str = ""):
     if balanced:
-        return UnaryCalls(unary_method, what)
+        return UnaryCalls(unary_method, what, target)
     return streams.StreamMux(stream_method, call_cls, what)
 
 
@@ -104,8 +110,9 @@ class IpcReplicas:
     """Calls over IPC (unix sockets) to one or more replicas of a backend. A call goes to the first
     replica in list order that reports SERVING and has no call of this gateway in flight, else to the
     serving one with the fewest (all of them count when none is serving, so the error names the
-    cause). A call refused as unavailable or busy is tried once more on another serving replica, as
-    the gRPC balanced channel does (balancing.py).
+    cause). A call refused as unavailable or busy, or failed by the replica's device (internal), is
+    tried once more on another serving replica within its deadline, as the gRPC balanced channel
+    does (balancing.py).
 
     Why first-idle rather than taking turns: a lone stream of requests then stays on one process,
     whose caches, allocator and threads stay warm, instead of waking each of n idle processes in
@@ -115,6 +122,7 @@ class IpcReplicas:
 
     def __init__(self, links: list, backends: list, call_cls, reply_cls, what: str):
         self._muxes = [ipc.IpcMux(link.ipc, call_cls, reply_cls, what) for link in links]
+        self._names, self.what = [link.grpc for link in links], what
         # parse_target keeps the order of unix endpoints, so backend i watches link i
         self._backends = backends if len(backends) == len(links) else [None] * len(links)
         self._inflight = [0] * len(links)
@@ -126,21 +134,21 @@ class IpcReplicas:
         return min(serving or others, key=self._inflight.__getitem__)   # min keeps list order on ties
 
     async def call(self, request, timeout: Optional[float] = None):
-        i = self._pick()
-        try:
-            return await self._call_on(i, request, timeout)
-        except LayaError as e:
-            if e.kind is not Kind.BUSY or len(self._muxes) == 1:
-                raise
-            j = self._pick(skip=i)
-            if j == i:
-                raise
-            return await self._call_on(j, request, timeout)
+        first = self._pick()
+        if len(self._muxes) == 1:
+            return await self._call_on(first, request, timeout)
+
+        async def attempt(left: Optional[float], retry: bool):   # a retry goes to another replica
+            return await self._call_on(self._pick(skip=first) if retry else first, request, left)
+        return await balancing.once_more(attempt, timeout, self.what.split()[0], balancing.RETRIED_KINDS)
 
     async def _call_on(self, i: int, request, timeout: Optional[float]):
         self._inflight[i] += 1
         try:
             return await self._muxes[i].call(request, timeout)
+        except LayaError as e:
+            balancing.count_error(self.what.split()[0], self._names[i], e)
+            raise
         finally:
             self._inflight[i] -= 1
 
@@ -159,11 +167,11 @@ class RemoteServices(BackendWatch):
         self._tok_call = (IpcReplicas(tok_links, self.tokenizers, tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply,
                                       "tokenizer service") if tok_links else
                           backend_calls(tokenizer.balanced, tok.TokenizeStream, tok.Tokenize,
-                                        tokenizer_pb2.TokenizeCall, "tokenizer service"))
+                                        tokenizer_pb2.TokenizeCall, "tokenizer service", tokenizer.spec))
         self._inf_call = (IpcReplicas(inf_links, self.inferences, inference_pb2.InferCall, inference_pb2.InferReply,
                                       "inference service") if inf_links else
                           backend_calls(inference.balanced, self._inf.InferStream, self._inf.Infer,
-                                        inference_pb2.InferCall, "inference service"))
+                                        inference_pb2.InferCall, "inference service", inference.spec))
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._coalescer = InferCoalescer(self._infer_call)
         self._infos: dict = {}   # name -> (config_json, CheckpointInfo)

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 
 from laya_grpc.core import draining, flags, metrics, rpc
 from laya_grpc.core.errors import Kind, LayaError
@@ -91,19 +92,28 @@ async def serve(args: argparse.Namespace) -> int:
         rc = 2
     else:
         rc = 0
-    # draining: not ready at once (health, /ready), then the requests in flight finish
+    await drain(http, http_task, grpc_server, hs, services, feed, readiness, args.drain_grace_s if rc == 0 else 0.0)
+    await services.close()
+    return rc
+
+
+async def drain(http, http_task, grpc_server, hs, services, feed: ChangeFeed, readiness, grace_s: float) -> None:
+    """The gateway's one shutdown path (SIGTERM, SIGINT, or the HTTP server failing): not ready at
+    once (/ready 503, grpc.health.v1 NOT_SERVING, the ready gauge 0); both listeners stop accepting
+    connections; requests already running on either transport finish within `grace_s`; then the
+    process exits. Idle kept-alive HTTP connections are closed, busy ones answer with
+    `Connection: close`; gRPC sends GOAWAY. The backends stay up meanwhile (under `serve` they are
+    stopped only after every gateway has exited, cli/supervisor.py)."""
+    t0 = time.monotonic()
     services.draining = True
     feed.bump()
     readiness.cancel()
+    metrics.GATEWAY_READY.set(0)
     await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], False)
-    if rc == 0:
-        await draining.wait_idle(args.drain_grace_s, lambda: decider.inflight, "gateway")
-    http.should_exit = True   # uvicorn closes idle connections and lets open responses finish
-    await grpc_server.stop(grace=0.5)
-    if not http_task.done():
-        await http_task
-    await services.close()
-    return rc
+    http.should_exit = True   # uvicorn: listener closed, open responses get the drain grace
+    await asyncio.gather(grpc_server.stop(grace=grace_s), http_task, return_exceptions=True)
+    await draining.settle_calls()
+    log.info("gateway drained in %.2f s", time.monotonic() - t0)
 
 
 def run(args: argparse.Namespace) -> int:

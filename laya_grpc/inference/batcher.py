@@ -44,10 +44,12 @@ from typing import Callable
 
 import numpy as np
 
-from laya_grpc.core import metrics
+from laya_grpc.core import metrics, request_id
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.turns import TURN_MS, DeviceSpeed
+
+from .faults import FAULTS
 
 log = logging.getLogger("laya_grpc.inference.batcher")
 # the largest batch (in runner cost tokens) an inline turn runs: a few short requests; on an H200 a
@@ -75,6 +77,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     enqueued: float = field(default_factory=time.perf_counter)
+    request_id: str = field(default_factory=request_id.current_id)   # the submitting call's (log lines)
 
 
 @dataclass
@@ -294,6 +297,7 @@ class Batcher:
                 raise _AllCancelled()
             idx = range(a, min(a + per, rows.n))
             part = rows if per >= rows.n else rows.take(idx)
+            FAULTS.before_forward()   # no-op unless a test set LAYA_TEST_FAULTS (inference/faults.py)
             lg, ac = runner.run_rows(part, pad_id, pad_to=L)
             logits += [lg[i - a, : int(counts[i])].astype(np.float32, copy=True) for i in idx]
             acts.append(ac[: len(idx)])
@@ -310,7 +314,7 @@ class Batcher:
         except BaseException as e:  # noqa: BLE001
             err = e if isinstance(e, LayaError) else LayaError(Kind.INTERNAL, "forward failed: %s: %s" % (type(e).__name__, e))
             if not isinstance(e, LayaError):
-                log.exception("forward failed")
+                log.exception("forward failed", extra={"request_id": ",".join(j.request_id for j in jobs if j.request_id)})
             for j in jobs:
                 j.loop.call_soon_threadsafe(_set_exception, j.future, err)
             self._idle_since = time.perf_counter()

@@ -240,10 +240,17 @@ def warm_runner(runner, ckpt, pad_id: int) -> None:
     warm = getattr(runner, "warm", None)   # TorchRunner on CUDA: capture every bucket's graph now
     if warm is not None:
         warm()
-    for i, (r, t, m) in enumerate(warmup_shapes(int(ckpt.max_len))):
-        rows = synthetic_rows(r, t, m, runner.vocab_size, seed=i)
-        if getattr(ckpt, "option_layout", "sequential") == "parallel":
-            rows.position_ids = np.tile(np.arange(t, dtype=np.int32), r)
-            rows.option_ids = np.zeros_like(rows.ids)
-        runner.run_rows(rows, pad_id, pad_to=-(-t // 8) * 8)
+    for i in range(len(warmup_shapes(int(ckpt.max_len)))):
+        shape_forward(runner, ckpt, pad_id, i)
     memory.freeze_warm_heap()   # later full collections skip the modules and this checkpoint
+
+
+def shape_forward(runner, ckpt, pad_id: int, i: int = 0) -> None:
+    """One forward of warm-up shape i (0: a short question), on the device thread; also the health
+    probe's forward (inference/outcomes.py)."""
+    r, t, m = warmup_shapes(int(ckpt.max_len))[i]
+    rows = synthetic_rows(r, t, m, runner.vocab_size, seed=i)
+    if getattr(ckpt, "option_layout", "sequential") == "parallel":
+        rows.position_ids = np.tile(np.arange(t, dtype=np.int32), r)
+        rows.option_ids = np.zeros_like(rows.ids)
+    runner.run_rows(rows, pad_id, pad_to=-(-t // 8) * 8)

@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, logs, memory, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
@@ -23,7 +23,9 @@ from laya_grpc.core.decode import softmax_f32
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokens_pb2
 
 from .batcher import Batcher
-from .registry import Registry
+from .faults import FAULTS
+from .outcomes import ForwardHealth
+from .registry import Registry, shape_forward
 from .devices import init_device, pick_device
 from .settings import InferenceSettings
 
@@ -47,6 +49,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         # device and dtype of each live runner, read from its weights once (not on every response;
         # status() still reads them live); weak keys, so an evicted runner is not kept alive
         self._runner_facts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self.health: "ForwardHealth | None" = None   # set by serve() once the device thread runs
 
     def _facts(self, runner) -> tuple:
         facts = self._runner_facts.get(runner)
@@ -63,15 +66,22 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                                   tokens_pb2.CallError, "Infer")
 
     async def infer(self, request) -> inference_pb2.InferResponse:
-        request_id.begin(",".join(o.request_id for o in request.origins))   # this call's own task
+        request_id.begin(",".join(o.request_id for o in request.origins),   # this call's own task
+                         next((o.traceparent for o in request.origins if o.traceparent), ""))
         self._calls[self.state == S.STATE_READY].inc()
         self.inflight += 1
         try:
-            async with self.registry.pinned(request.checkpoint) as slot:
-                return await self._infer(slot, request)
+            with logs.call_failures(log, "Infer", metrics.INFERENCE_ERRORS, self.settings.listen, self._internal_failure):
+                async with self.registry.pinned(request.checkpoint) as slot:
+                    return await self._infer(slot, request)
         finally:
             self.inflight -= 1
             self.trim.ended()
+
+    def _internal_failure(self) -> None:
+        """Not the request's fault: a probe forward checks the device (inference/outcomes.py)."""
+        if self.health is not None:
+            self.health.failed()
 
     async def _infer(self, slot, request) -> inference_pb2.InferResponse:
         runner = slot.runner
@@ -86,6 +96,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         call_start = time.time_ns() if tracing.enabled() else 0
         res = await self.batcher.submit(slot.name, rows)
         metrics.QUEUE_SECONDS.observe(res.queue_ms / 1e3)
+        if log.isEnabledFor(logging.DEBUG):   # LAYA_LOG_LEVEL=DEBUG: one line per call
+            log.debug("Infer %s: %d rows (batch of %d), queue %.2f ms, model %.2f ms", slot.name, rows.n,
+                      res.batch_rows, res.queue_ms, res.model_ms)
         tracing.record_batched([o.traceparent for o in request.origins], call_start, res.queue_ms, res.model_ms,
                                checkpoint=slot.name, batch_rows=res.batch_rows, call_rows=rows.n)
         probs = [softmax_f32(lg / np.float32(slot.temps.for_question(q, len(lg))))
@@ -157,6 +170,9 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
         print("laya-grpc inference: cannot listen on %s: %s (address in use?)" % (settings.listen, e), file=sys.stderr)
         return 2
     await srv.start()
+    servicer.health = ForwardHealth(lambda: _probe_forward(registry, batcher),
+                                    lambda ok, detail: _set_serving(servicer, hs, feed, ok, detail))
+    gpu_memory = asyncio.ensure_future(memory_gauges(pick.device, settings.backend))
     calls = ipc_endpoint and ipc.IpcServer(ipc_endpoint, servicer.infer, inference_pb2.InferCall,
                                            inference_pb2.InferReply, tokens_pb2.CallError, "Infer").start()
     batcher.start()
@@ -172,6 +188,8 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
     loading = asyncio.ensure_future(_preload(servicer, registry, hs, feed, preload))
     await stop.wait()
     loading.cancel()
+    gpu_memory.cancel()
+    servicer.health.close()
     servicer.state, servicer.detail = S.STATE_DRAINING, "shutting down"
     feed.bump()
     await draining.drain(srv, hs, [SERVICE_NAME], settings.drain_grace_s,
@@ -183,6 +201,47 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
     # 5 s the supervisor allows after the drain grace before SIGKILL
     batcher.stop(timeout_s=1.5)
     return 0
+
+
+async def _probe_forward(registry: Registry, batcher: Batcher) -> None:
+    """One small forward on the device thread with a checkpoint that is ready (the health probe);
+    nothing to probe (none ready) counts as a success."""
+    slot = next((s for s in registry.slots.values() if s.state == S.STATE_READY and s.runner is not None), None)
+    if slot is None:
+        return
+    runner, ckpt, pad_id = slot.runner, slot.ckpt, slot.pad_id
+
+    def probe() -> None:
+        FAULTS.before_forward()
+        shape_forward(runner, ckpt, pad_id)
+    await batcher.run_on_device(probe)
+
+
+async def _set_serving(servicer: InferenceServicer, hs, feed: ChangeFeed, ok: bool, detail: str) -> None:
+    """Health from the forwards' outcome; a draining or never-ready service stays as it is."""
+    if servicer.state not in (S.STATE_READY, S.STATE_FAILED) or (ok and servicer.state == S.STATE_READY):
+        return
+    servicer.state, servicer.detail = (S.STATE_READY, "") if ok else (S.STATE_FAILED, detail)
+    await rpc.set_health(hs, [SERVICE_NAME], ok)
+    feed.bump()
+
+
+async def memory_gauges(device: str, backend: str, every_s: float = 5.0) -> None:
+    """`laya_inference_device_memory_bytes` of a CUDA device, every few seconds (nothing elsewhere)."""
+    if backend != "torch" or not str(device).startswith("cuda"):
+        return
+    import torch
+    index = torch.device(device).index or 0
+    while True:
+        await asyncio.sleep(every_s)   # the first read after the device thread made the context
+        try:
+            metrics.DEVICE_MEMORY.labels(device, "allocated").set(torch.cuda.memory_allocated(index))
+            metrics.DEVICE_MEMORY.labels(device, "reserved").set(torch.cuda.memory_reserved(index))
+            free, total = torch.cuda.mem_get_info(index)
+            metrics.DEVICE_MEMORY.labels(device, "used").set(total - free)
+            metrics.DEVICE_MEMORY.labels(device, "total").set(total)
+        except RuntimeError as e:   # a lost device: the forwards' health says so; keep the last values
+            log.debug("device memory not readable: %s", e)
 
 
 def _log_device_init(fut: "asyncio.Future", device: str) -> None:
@@ -210,6 +269,7 @@ async def _preload(servicer: InferenceServicer, registry: Registry, hs, feed: Ch
         failed = [n for n in preload if n not in ok]
         servicer.detail = ("failed: %s" % ", ".join(failed)) if failed else ""
         await rpc.set_health(hs, [SERVICE_NAME], True)
+        metrics.INFERENCE_HEALTHY.set(1)
     else:
         servicer.state, servicer.detail = S.STATE_FAILED, "no checkpoint could be loaded"
     feed.bump()

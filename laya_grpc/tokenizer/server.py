@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import cpu_quota, draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import cpu_quota, draining, flags, ipc, logs, memory, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
@@ -61,6 +61,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
     def __init__(self, tokenizers: dict, pool: ThreadPoolExecutor):
         self.tokenizers, self.pool = tokenizers, pool
         self.serving = False    # what grpc.health.v1 says (calls are counted by it)
+        self.address = ""       # where it listens (the replica label of its error counter)
         self.inflight = 0       # calls running (draining waits for them; the heap is trimmed once none is)
         self.trim = memory.IdleTrim(lambda: self.inflight, lambda fn: asyncio.get_running_loop().run_in_executor(pool, fn),
                                     TRIM_AFTER_CHARS, metrics.TOKENIZER_HEAP_TRIMS)
@@ -83,12 +84,21 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
                                   tokens_pb2.CallError, "Tokenize")
 
     async def tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
-        request_id.begin(request.origin.request_id)   # this call's own task: its log lines carry the id
+        # this call's own task: its log lines carry the request id and trace id
+        request_id.begin(request.origin.request_id, request.origin.traceparent)
         self._calls[self.serving].inc()
         self.inflight += 1
+        t0 = time.perf_counter()
         try:
-            with tracing.server_span(tracing.TOKENIZE, request.origin.traceparent, checkpoint=request.checkpoint):
-                return await self._tokenize(request)
+            with logs.call_failures(log, "Tokenize", metrics.TOKENIZER_ERRORS, self.address), \
+                    tracing.server_span(tracing.TOKENIZE, request.origin.traceparent, checkpoint=request.checkpoint):
+                resp = await self._tokenize(request)
+            seconds = time.perf_counter() - t0
+            metrics.TOKENIZE_SECONDS.observe(seconds)
+            if log.isEnabledFor(logging.DEBUG):   # LAYA_LOG_LEVEL=DEBUG: one line per call
+                log.debug("Tokenize %s: %d states, %d rows, %.2f ms", request.checkpoint, len(request.states_json),
+                          resp.rows_per_state * len(request.states_json), seconds * 1e3)
+            return resp
         finally:
             self.inflight -= 1
             self.trim.ended()
@@ -140,7 +150,7 @@ async def serve(sources: dict, address: str, threads: int, metrics_address: Opti
     hs = rpc.add_health_and_reflection(srv, [SERVICE_NAME])
     await rpc.set_health(hs, [SERVICE_NAME], False)
     try:
-        address = rpc.bind(srv, address)
+        address = servicer.address = rpc.bind(srv, address)
     except RuntimeError as e:
         print("laya-grpc tokenizer: cannot listen on %s: %s (address in use?)" % (address, e), file=sys.stderr)
         return 2
