@@ -18,6 +18,24 @@ from . import request_id
 
 FORMATS = ("text", "json")
 access_log = logging.getLogger("laya_grpc.access")
+CLIENT_VALUE_CHARS = 200     # a value a client chose (model, task, id), as a log line or error detail shows it
+MAX_LINE_CHARS = 4096        # any log message longer is cut (a client value that reached a line unclipped)
+
+
+def clip(value, limit: int = CLIENT_VALUE_CHARS) -> str:
+    """`value` as text of at most about `limit` characters: longer ones keep their head and say
+    how much was cut, so a 2 MB name costs a log line or an error detail 200 characters."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return text
+    return "%s...(%d more chars)" % (text[:limit], len(text) - limit)
+
+
+def clip_repr(value, limit: int = CLIENT_VALUE_CHARS) -> str:
+    """repr(value), clipped the same way (for %r of client values)."""
+    if isinstance(value, str) and len(value) > limit:
+        return repr(value[:limit]) + "...(%d more chars)" % (len(value) - limit)
+    return clip(repr(value), limit + 2)
 
 
 def add_flag(parser) -> None:
@@ -71,6 +89,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
+class _ClipLong(logging.Filter):
+    """Cuts any message over MAX_LINE_CHARS: a client value that reached a log line unclipped
+    cannot turn one request into megabytes of log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format is logging's own error to report
+            return True
+        if len(msg) > MAX_LINE_CHARS:
+            record.msg, record.args = clip(msg, MAX_LINE_CHARS), None
+        return True
+
+
 class _DropCancelled(logging.Filter):
     """grpc.aio logs a handler cancelled by the server's stop or a departed client ("Exception not
     handled ... CancelledError", with a traceback) as an ERROR; a cancelled call is no error."""
@@ -96,6 +128,7 @@ def setup(service: str, fmt: str | None = None, level: str | None = None) -> Non
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service) if fmt == "json" else TextFormatter(service))
     handler.addFilter(_RequestIdFilter())
+    handler.addFilter(_ClipLong())
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)

@@ -11,6 +11,7 @@ log record.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from typing import Optional
@@ -18,12 +19,16 @@ from typing import Optional
 from . import logs, metrics, request_id, tracing
 from .errors import LayaError
 
+CLIENT_CLOSED = 499     # nginx's code for a client that closed the request (gRPC CANCELLED)
+DEADLINE_PASSED = 504   # the client's deadline passed first (gRPC DEADLINE_EXCEEDED)
+
 
 class Scope:
-    __slots__ = ("request_id", "status", "context")
+    __slots__ = ("request_id", "status", "context", "expired")
 
     def __init__(self, rid: str, context: request_id.RequestContext):
         self.request_id, self.status, self.context = rid, None, context
+        self.expired = None   # () -> bool: whether the client's deadline has passed (set by a gRPC front)
 
 
 @contextlib.contextmanager
@@ -39,6 +44,10 @@ def observed(api: str, route: str, supplied_id: Optional[str] = None, traceparen
                 scope.status = scope.status or 200
             except LayaError as e:
                 scope.status = e.kind.http_status
+                raise
+            except asyncio.CancelledError:
+                # the client went away or its deadline passed: no error of ours, and no answer sent
+                scope.status = DEADLINE_PASSED if scope.expired is not None and scope.expired() else CLIENT_CLOSED
                 raise
             finally:
                 if tracing.enabled():

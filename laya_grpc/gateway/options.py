@@ -48,5 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               help="HTTP decision requests fail 408 after this many seconds; the backend calls get what is left "
                    "as their gRPC deadline (gRPC clients set their own deadline); 0 = no limit")
     draining.add_flag(p)
+    flags.add(p, "--strict-model", env="LAYA_STRICT_MODEL", action="store_true",
+              help="answer a request whose 'model' names no checkpoint served here with 404 (gRPC NOT_FOUND) "
+                   "instead of routing it automatically as upstream laya serve does (the default; the "
+                   "response then names the unknown model in the X-Laya-Unknown-Model header)")
     flags.add(p, "--checkpoint", env="LAYA_CHECKPOINTS", append=True, metavar="NAME=SOURCE",
               help="the checkpoints the inference service serves (names route requests; sources show in routing.repo)")

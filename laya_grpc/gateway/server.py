@@ -19,6 +19,7 @@ from laya_grpc.core.sources import parse_checkpoint_specs
 from laya_proto.v1 import decision_pb2_grpc
 
 from .admission import Admission
+from .policy import Auth, Policy
 from .decider import Decider
 from .endpoints import parse_target, split_entries
 from .grpc_api import DecisionServicer, StatusServicer
@@ -27,7 +28,7 @@ from .http_app import build_app
 from .http_server import build_server
 from .listen import listen_socket, split_host_port
 from .options import add_arguments, add_gateway_flags  # noqa: F401 - the command's flags (cli/main.py)
-from .readiness import DECISION_SERVICE, STATUS_SERVICE, follow_readiness
+from .readiness import DECISION_SERVICE, STATUS_SERVICE, Readiness, follow_readiness
 from .remote import RemoteServices
 from .settings import GatewaySettings
 
@@ -38,18 +39,19 @@ async def serve(args: argparse.Namespace) -> int:
     settings = GatewaySettings.from_env()
     metrics.serve_metrics(args.metrics)
     sources = parse_checkpoint_specs(args.checkpoint)
-    table = RouteTable.build(sources, settings.default_model)
+    table = RouteTable.build(sources, settings.default_model, strict_model=args.strict_model)
     feed = ChangeFeed()
     services = RemoteServices(parse_target(args.tokenizer, "--tokenizer"), parse_target(args.inference, "--inference"),
                               feed)
     seed_backend_restarts(services.tokenizers, services.inferences)   # counts kept by the supervisor
     decider = Decider(services, table, settings)
 
-    admission = Admission(settings.max_concurrent)   # one limit for HTTP and gRPC
-    grpc_server = public_server(settings.api_key, admission, reuse_port=args.reuse_port)
-    status = StatusServicer(services, feed, args.grpc)
+    # one policy for both fronts: auth, admission (one queue and budget for HTTP and gRPC), readiness
+    policy = Policy(Auth(settings.api_key), Admission(settings.admission), Readiness(services))
+    grpc_server = public_server(policy, reuse_port=args.reuse_port)
+    status = StatusServicer(services, policy.readiness, feed, args.grpc)
     decision_pb2_grpc.add_DecisionServiceServicer_to_server(
-        DecisionServicer(decider, settings.api_key, settings.max_token_budget, admission), grpc_server)
+        DecisionServicer(decider, policy, settings.max_token_budget), grpc_server)
     decision_pb2_grpc.add_StatusServiceServicer_to_server(status, grpc_server)
     hs = rpc.add_health_and_reflection(grpc_server, [DECISION_SERVICE, STATUS_SERVICE])
     await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], False)
@@ -66,11 +68,11 @@ async def serve(args: argparse.Namespace) -> int:
     await grpc_server.start()
 
     host, port = split_host_port(args.http, "--http")
-    app = build_app(decider, settings, args.request_timeout_s, admission)
+    app = build_app(decider, settings, policy, args.request_timeout_s)
     http = build_server(app, host, port, args, settings.root_path)
     services.start()
 
-    readiness = asyncio.ensure_future(follow_readiness(services, feed, app, settings.api_key, hs))
+    readiness = asyncio.ensure_future(follow_readiness(policy.readiness, feed, app, settings.api_key, hs))
     http_task = asyncio.ensure_future(http.serve(sockets=[listen_socket(host, port, args.reuse_port)]))
     log.info("gateway: http on %s:%d, grpc on %s%s, tokenizer %s, inference %s", host, port, status.address,
              " (this worker: %s)" % control if control else "", ",".join(split_entries(args.tokenizer)),
@@ -85,7 +87,7 @@ async def serve(args: argparse.Namespace) -> int:
     else:
         rc = 0
     # draining: not ready at once (health, /ready), then the requests in flight finish
-    services.draining = True
+    policy.readiness.draining = True
     feed.bump()
     readiness.cancel()
     await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], False)

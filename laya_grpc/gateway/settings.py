@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-DEFAULT_MAX_CONCURRENT = 16
+from .admission import Limits
+
 DEFAULT_BODY_READ_TIMEOUT = 10.0
 DEFAULT_MAX_TOKEN_BUDGET = 8192
 DEFAULT_MAX_BATCH_TOKENS = 131072
@@ -36,6 +37,35 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     except ValueError:
         return default
     return n if n > 0 else default
+
+
+def _non_negative_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    try:
+        n = int(str(raw).strip()) if raw else default
+    except ValueError:
+        return default
+    return n if n >= 0 else default
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    try:
+        value = float(raw) if raw and raw.strip() else default
+    except ValueError:
+        return default
+    return value if 0.0 < value < float("inf") else default
+
+
+def _admission(env: Mapping[str, str]) -> Limits:
+    """The admission queue and budgets (gateway/admission.py); `LAYA_MAX_CONCURRENT` is upstream's
+    variable, here the requests answered at once before the rest wait in the queue."""
+    d = Limits()
+    return Limits(max_concurrent=_positive_int(env, "LAYA_MAX_CONCURRENT", d.max_concurrent),
+                  max_queue=_non_negative_int(env, "LAYA_MAX_QUEUE", d.max_queue),
+                  queue_timeout_s=_positive_float(env, "LAYA_QUEUE_TIMEOUT_S", d.queue_timeout_s),
+                  max_rows=_positive_int(env, "LAYA_MAX_ROWS_IN_FLIGHT", d.max_rows),
+                  small_rows=_non_negative_int(env, "LAYA_SMALL_REQUEST_ROWS", d.small_rows))
 
 
 def _body_read_timeout(env: Mapping[str, str]) -> float:
@@ -91,7 +121,7 @@ def _tournament_group(env: Mapping[str, str]) -> int:
 @dataclass(frozen=True)
 class GatewaySettings:
     api_key: Optional[str] = None            # LAYA_API_KEY: bearer auth on the decision routes
-    max_concurrent: int = DEFAULT_MAX_CONCURRENT          # LAYA_MAX_CONCURRENT: admission bound
+    admission: Limits = field(default_factory=Limits)     # LAYA_MAX_CONCURRENT, LAYA_MAX_QUEUE, ...
     body_read_timeout: float = DEFAULT_BODY_READ_TIMEOUT  # LAYA_BODY_READ_TIMEOUT: 408 deadline
     max_token_budget: int = DEFAULT_MAX_TOKEN_BUDGET      # LAYA_MAX_TOKEN_BUDGET: max_len ceiling
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS      # LAYA_MAX_BATCH_TOKENS: batch pass size
@@ -108,7 +138,7 @@ class GatewaySettings:
         default_model = env.get("LAYA_DEFAULT_MODEL")
         return cls(
             api_key=env.get("LAYA_API_KEY") or None,
-            max_concurrent=_positive_int(env, "LAYA_MAX_CONCURRENT", DEFAULT_MAX_CONCURRENT),
+            admission=_admission(env),
             body_read_timeout=_body_read_timeout(env),
             max_token_budget=_positive_int(env, "LAYA_MAX_TOKEN_BUDGET", DEFAULT_MAX_TOKEN_BUDGET),
             max_batch_tokens=_positive_int(env, "LAYA_MAX_BATCH_TOKENS", DEFAULT_MAX_BATCH_TOKENS),
