@@ -31,6 +31,12 @@ def clip(value, limit: int = CLIENT_VALUE_CHARS) -> str:
     return "%s...(%d more chars)" % (text[:limit], len(text) - limit)
 
 
+def header_value(value) -> str:
+    """A client's value as an HTTP header or gRPC metadata value: clipped, non-printable and
+    non-ASCII characters escaped."""
+    return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in clip(value))
+
+
 def clip_repr(value, limit: int = CLIENT_VALUE_CHARS) -> str:
     """repr(value), clipped the same way (for %r of client values)."""
     if isinstance(value, str) and len(value) > limit:

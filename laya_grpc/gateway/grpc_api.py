@@ -51,11 +51,11 @@ def _expired(context):
     return expired
 
 
-def unknown_model_reason(controls: Controls, reason: str) -> str:
-    """routing.reason of the typed answer when `model` named no checkpoint here (auto-routed)."""
-    if controls.unknown_model is None:
-        return reason
-    return "unknown model %s, auto-routed: %s" % (logs.clip_repr(controls.unknown_model), reason)
+def _say_unknown_model(controls: Controls, context) -> None:
+    """A `model` that names no checkpoint here was auto-routed, as upstream does; the answer (the
+    HTTP answer's values, field for field) stays upstream's and the trailing metadata names it."""
+    if controls.unknown_model is not None and context is not None:
+        context.set_trailing_metadata(((UNKNOWN_MODEL_KEY, logs.header_value(controls.unknown_model)),))
 
 
 class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
@@ -98,18 +98,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         if request.include_json:
             resp.json = render_json(result).decode("utf-8")   # first: a NaN is its 422 here too
         pack_result(result, resp)
-        self._say_unknown_model(req.controls, [resp], context)
+        _say_unknown_model(req.controls, context)
         return resp
-
-    @staticmethod
-    def _say_unknown_model(controls: Controls, responses, context) -> None:
-        if controls.unknown_model is None:
-            return
-        for r in responses:
-            r.routing.reason = unknown_model_reason(controls, r.routing.reason)
-        if context is not None:
-            context.set_trailing_metadata(((UNKNOWN_MODEL_KEY, logs.clip(controls.unknown_model)
-                                            .encode("ascii", "backslashreplace").decode("ascii")),))
 
     @rpc.servicer_errors
     async def DecideBatch(self, request, context):
@@ -134,7 +124,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
             pack_result(r, resp.results.add())
         resp.total_usage.input_tokens = result["total_usage"]["input_tokens"]
         resp.total_usage.output_tokens = result["total_usage"]["output_tokens"]
-        self._say_unknown_model(req.controls, resp.results, context)
+        _say_unknown_model(req.controls, context)
         return resp
 
 

@@ -48,11 +48,6 @@ UPSTREAM_HEALTH_KEYS = ("loaded", "revisions", "device", "device_is_preference",
                         "cpu_fallbacks")
 
 
-def ascii_header(text: str) -> str:
-    """A client's text as a header value: non-ASCII and control characters escaped."""
-    return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
 def json_response(content: Any, status: int = 200, headers: dict | None = None) -> Response:
     return Response(render_json(content), status_code=status, headers=headers, media_type="application/json")
 
@@ -191,7 +186,7 @@ def build_app(decider: Decider, settings: GatewaySettings, policy: Policy, reque
                 resp = json_response(result, headers={"Server-Timing": "inference;dur=" + ms,
                                                       "X-Inference-Time-Ms": ms})
                 if req.controls.unknown_model is not None:   # auto-routed as upstream does; said here
-                    resp.headers[UNKNOWN_MODEL_HEADER] = ascii_header(logs.clip(req.controls.unknown_model))
+                    resp.headers[UNKNOWN_MODEL_HEADER] = logs.header_value(req.controls.unknown_model)
                 if t is not None:
                     t.mark("render")
                     resp.headers[timing.REQUEST_HEADER] = t.header()
