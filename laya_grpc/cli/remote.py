@@ -30,8 +30,10 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of readable text")
     if command == "decide":
         p.add_argument("text", help="the state: plain text, or JSON with --state-json; '-' reads stdin")
-        p.add_argument("--questions", required=True, metavar="FILE",
-                       help="JSON file with the /v1/systemone 'questions' object ('-' reads stdin)")
+        p.add_argument("--questions", required=True, metavar="JSON|FILE",
+                       help="the /v1/systemone 'questions' object: inline JSON ('{\"angry\": {\"type\": "
+                            "\"noul\", \"instructions\": \"Is the customer angry?\"}}'), a JSON file, or '-' "
+                            "for stdin")
         p.add_argument("--state-json", action="store_true", help="parse TEXT as a JSON state (object, conversation list)")
         p.add_argument("--model", default=None, help="pin a checkpoint (english, multilingual, ...)")
         p.add_argument("--lang", default=None, help="language code hint for routing")
@@ -59,7 +61,8 @@ def _decide(args) -> int:
     try:
         text = _read("-") if args.text == "-" else args.text
         state = json.loads(text) if args.state_json else text
-        questions = json.loads(_read(args.questions))
+        inline = args.questions.lstrip().startswith("{")
+        questions = json.loads(args.questions if inline else _read(args.questions))
     except (OSError, ValueError) as e:
         print("laya-grpc decide: %s" % e, file=sys.stderr)
         return 2
@@ -78,12 +81,16 @@ def _decide(args) -> int:
         if a["type"] == "choice":
             head = "choice %s" % json.dumps(a["choice"], ensure_ascii=False)
         elif a["type"] == "score":
-            head = "score %.4f" % a["score"]
+            legend = a.get("legend") or {}
+            nearest = legend.get(str(int(round(a["score"]))))
+            head = "score %.4f" % a["score"] + (" (~%s)" % nearest if nearest else "")
         else:
             head = "noul P(true)=%.4f" % a["noul"]
         print("  %-20s %-28s confidence %.4f" % (qid, head, a["confidence"]))
+        legend = a.get("legend") or {}
         for label, p in (a.get("probabilities") or {}).items():
-            print("      %-24s %6.4f %s" % (label, p, "#" * int(round(p * 30))))
+            name = "%s %s" % (label, legend[label]) if label in legend else label   # score levels by name
+            print("      %-24s %6.4f %s" % (name[:24], p, "#" * int(round(p * 30))))
     u = result["usage"]
     print("usage: %d input tokens%s" % (u["input_tokens"], ", state truncated" if u.get("truncated") else ""))
     return 0
