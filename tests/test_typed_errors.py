@@ -102,9 +102,9 @@ def test_long_client_values_give_a_bounded_invalid_argument(stack, where, n):
 
 
 def test_an_oversized_message_is_too_large_and_the_stream_goes_on(stack):
-    """3 MiB: over the 2 MiB body cap, under the receive limit: the typed TOO_LARGE, on Decide
+    """5 MiB: over the 2 MiB body cap, under the receive limit: the typed TOO_LARGE, on Decide
     and as one DecideStream call's reply, and the calls after it are answered."""
-    big = D.DecideRequest(state=_state("x" * (3 * 1024 * 1024)), questions=[_q(type=D.QUESTION_TYPE_NOUL)])
+    big = D.DecideRequest(state=_state("x" * (5 * 1024 * 1024)), questions=[_q(type=D.QUESTION_TYPE_NOUL)])
     with pytest.raises(grpc.RpcError) as e:
         stack.stub.Decide(big, timeout=30)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and e.value.details() == "request body too large"
@@ -117,11 +117,15 @@ def test_an_oversized_message_is_too_large_and_the_stream_goes_on(stack):
 
 
 def test_calls_reusing_an_id_in_flight_are_each_answered(stack):
+    """Two valid calls then an invalid one (answered at once), all with id 7: every call gets its
+    reply (a reused id is refused as its own reply) and none is lost when the stream ends."""
     small = D.DecideRequest(state=_state(), questions=[_q(type=D.QUESTION_TYPE_NOUL)])
-    replies = list(stack.stub.DecideStream(iter([D.DecideCall(id=7, request=small)] * 3), timeout=60))
-    assert len(replies) == 3 and all(r.id == 7 for r in replies)
-    kinds = sorted(r.WhichOneof("result") for r in replies)
-    assert "response" in kinds and all(r.error.kind == "BAD_REQUEST" for r in replies if r.HasField("error"))
+    bad = D.DecideRequest(state=_state(), questions=[_q(type=99)])
+    calls = [D.DecideCall(id=7, request=r) for r in (small, small, bad)]
+    replies = list(stack.stub.DecideStream(iter(calls), timeout=60))
+    assert len(replies) == 3 and all(r.id == 7 for r in replies), replies
+    assert sorted(r.WhichOneof("result") for r in replies) == ["error", "error", "response"]
+    assert all(r.error.kind == "BAD_REQUEST" for r in replies if r.HasField("error"))
 
 
 def test_an_unknown_model_is_said_and_still_answered(stack):
