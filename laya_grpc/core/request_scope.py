@@ -17,10 +17,10 @@ import time
 from typing import Optional
 
 from . import logs, metrics, request_id, tracing
-from .errors import LayaError
+from .errors import Kind, LayaError
 
 CLIENT_CLOSED = 499     # nginx's code for a client that closed the request (gRPC CANCELLED)
-DEADLINE_PASSED = 504   # the client's deadline passed first (gRPC DEADLINE_EXCEEDED)
+DEADLINE_PASSED = 504   # a gRPC client's deadline passed first (DEADLINE_EXCEEDED), however the work ended
 
 
 class Scope:
@@ -43,7 +43,8 @@ def observed(api: str, route: str, supplied_id: Optional[str] = None, traceparen
                 yield scope
                 scope.status = scope.status or 200
             except LayaError as e:
-                scope.status = e.kind.http_status
+                expired = e.kind is Kind.TIMEOUT and scope.expired is not None and scope.expired()
+                scope.status = DEADLINE_PASSED if expired else e.kind.http_status
                 raise
             except asyncio.CancelledError:
                 # the client went away or its deadline passed: no error of ours, and no answer sent

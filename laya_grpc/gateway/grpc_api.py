@@ -47,7 +47,7 @@ def _expired(context):
     """Whether the call's deadline has passed (a cancelled call is DEADLINE_EXCEEDED, not CANCELLED)."""
     def expired() -> bool:
         left = context.time_remaining()
-        return left is not None and left <= 0
+        return left is not None and left <= 0.05   # a backend call cut at the deadline ends a hair before it
     return expired
 
 
