@@ -178,3 +178,31 @@ def test_cancelled_and_expired_calls_are_not_counted_as_500(stack):
     assert counts.get(("batch", "500"), 0) == 0, counts
     assert counts.get(("batch", "504"), 0) >= 1 and counts.get(("batch", "499"), 0) >= 1, counts
     assert "Traceback" not in stack.full_log()
+
+
+def test_a_huge_model_name_costs_one_short_log_line(stack):
+    """A 2 MB `model` is auto-routed (upstream's answer); its warning line is clipped."""
+    before = len(stack.full_log())
+    body = {"state": "My phone arrived broken.", "questions": {"q": NOUL}, "model": "m" * 2_000_000}
+    r = httpx.post(stack.http + "/v1/systemone", json=body, timeout=60)
+    assert r.status_code == 200 and len(r.headers["x-laya-unknown-model"]) < 300
+    time.sleep(0.5)
+    new = stack.full_log()[before:]
+    assert "unknown model" in new and max(len(line) for line in new.splitlines()) < 5000
+
+
+def test_an_aborted_stream_leaves_no_traceback(stack):
+    """Valid calls, then bytes that are no DecideCall: the stream ends INVALID_ARGUMENT, and the
+    calls in flight end quietly (no 'Task exception was never retrieved', no 500s)."""
+    call = stack.channel.stream_stream("/laya_proto.v1.DecisionService/DecideStream",
+                                       request_serializer=lambda b: b, response_deserializer=D.DecideReply.FromString)
+    batch = D.DecideRequest(state=_state(), questions=[_q(id="q%d" % j, type=D.QUESTION_TYPE_NOUL) for j in range(32)])
+    frames = [D.DecideCall(id=i, request=batch).SerializeToString() for i in range(1, 6)] + [b"\xff\xff\xff"]
+    before = len(stack.full_log())
+    with pytest.raises(grpc.RpcError) as e:
+        list(call(iter(frames), timeout=60))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    time.sleep(2.0)
+    new = stack.full_log()[before:]
+    assert "never retrieved" not in new and "AbortError" not in new and "Traceback" not in new, new[-3000:]
+    assert " 500 " not in new, new[-3000:]

@@ -6,7 +6,9 @@ buffered at once) and, once parsed, its cost: rows, one per (state, question) pa
 
 * slots (`LAYA_MAX_CONCURRENT`, default 512, the order of what the engine batches at once):
   requests past auth being answered at once;
-* rows (`LAYA_MAX_ROWS_IN_FLIGHT`, default 16384): the rows the larger requests hold. A request
+* rows (`LAYA_MAX_ROWS_IN_FLIGHT`, default 4096: upstream's largest batch, 64 states x 64
+  questions, 16 of the inference service's full forward passes): the rows the larger requests
+  hold; more would only queue inside the engine, in front of everyone's next turn. A request
   of at most `LAYA_SMALL_REQUEST_ROWS` rows (default 64) is outside this budget (the slots bound
   it), so heavy batches that hold the row budget never lock out small requests, nor small ones
   starve a heavy one; a request larger than the whole budget runs alone.
@@ -50,7 +52,7 @@ class Limits:
     max_concurrent: int = 512         # slots: requests answered at once
     max_queue: int = 1024             # requests waiting for a slot or rows; 0: refuse at once when full
     queue_timeout_s: float = 10.0     # longest wait before BUSY
-    max_rows: int = 16384             # rows (state x question pairs) held by the requests answered
+    max_rows: int = 4096              # rows (state x question pairs) the larger requests answered hold
     small_rows: int = 64              # at most this many rows: never waits for rows
 
 
