@@ -9,6 +9,7 @@ health, the ready gauge and the status stream together.
 from __future__ import annotations
 
 import logging
+import re
 
 from laya_grpc.core import metrics, rpc
 from laya_grpc.core.lifecycle import ChangeFeed
@@ -22,11 +23,19 @@ STATUS_SERVICE = decision_pb2.DESCRIPTOR.services_by_name["StatusService"].full_
 S = status_pb2
 
 
+_SOCKET_PATH = re.compile(r"(unix:|ipc:)?/+[^\s,;:()'\"]*")
+
+
 def _where(address: str) -> str:
     """A backend's address as a reason shows it: host:port, never a local socket's path."""
     if address.startswith(("unix:", "/", "ipc:")):
         return "local socket"
     return address
+
+
+def _scrub(detail: str) -> str:
+    """A backend's state as a reason shows it: gRPC's own text names socket paths; they go."""
+    return _SOCKET_PATH.sub("local socket", detail)
 
 
 class Readiness:
@@ -47,12 +56,12 @@ class Readiness:
             return "draining: shutting down"
         b = self.backends
         if not any(t.serving for t in b.tokenizers):
-            return "no tokenizer serving (%s)" % "; ".join("%s: %s" % (_where(t.address), t.detail)
+            return "no tokenizer serving (%s)" % "; ".join("%s: %s" % (_where(t.address), _scrub(t.detail))
                                                           for t in b.tokenizers)
         if not b.backends_ready():
             def state(i):
                 if not i.serving or i.status is None:
-                    return i.detail
+                    return _scrub(i.detail)
                 return S.State.Name(i.status.state).removeprefix("STATE_").lower() + (
                     ": " + i.status.detail if i.status.detail else "")
             return "no inference replica serving with its checkpoints ready (%s)" % "; ".join(
