@@ -230,16 +230,16 @@ def test_typed_answers_per_type_equal_http(stack):
      "state.json", "state.json is not valid JSON"),
     (decision_pb2.DecideRequest(state=decision_pb2.StateValue(text="x"), questions=[decision_pb2.Question(
         id="q", type=decision_pb2.QUESTION_TYPE_CHOICE, instructions_text="?", criteria=[_crit("a"), _crit()])]),
-     "questions[0].criteria[1].label", "a label sets one of"),
+     'questions["q"].criteria[1].label', "a label sets one of"),
     (decision_pb2.DecideRequest(state=decision_pb2.StateValue(text="x"), questions=[decision_pb2.Question(
         id="q", type=decision_pb2.QUESTION_TYPE_CHOICE, instructions_text="?", criteria=[_crit("a", "d"), _crit(1)])]),
-     "questions[0].criteria[1].label", "takes a string label"),
+     'questions["q"].criteria[1].label', "takes a string label"),
     (decision_pb2.DecideRequest(state=decision_pb2.StateValue(text="x"), questions=[decision_pb2.Question(
         id="q", type=decision_pb2.QUESTION_TYPE_SCORE, instructions_text="?", criteria=[_crit("a", "d")])]),
-     "questions[0].criteria[0].label", "a score level has no label"),
+     'questions["q"].criteria[0].label', "a score level has no label"),
     (decision_pb2.DecideRequest(state=decision_pb2.StateValue(text="x"), questions=[decision_pb2.Question(
         id="q", type=decision_pb2.QUESTION_TYPE_NOUL, instructions_text="?", criteria=[_crit("yes", "d")])]),
-     "questions[0].criteria[0].label", "labelled bool_value true"),
+     'questions["q"].criteria[0].label', "labelled bool_value true"),
     (decision_pb2.DecideRequest(state=decision_pb2.StateValue(text="x"), questions=[
         decision_pb2.Question(id="q", type=decision_pb2.QUESTION_TYPE_NOUL, instructions_text="?"),
         decision_pb2.Question(id="q", type=decision_pb2.QUESTION_TYPE_NOUL, instructions_text="?")]),

@@ -32,8 +32,8 @@ HEADER_TIMEOUT_S = 1.0
 
 @pytest.fixture(scope="module")
 def stack(tiny_ckpt):
-    env = {"LAYA_API_KEY": KEY, "LAYA_MAX_CONCURRENT": "2", "LAYA_HTTP_HEADER_TIMEOUT_SECONDS": str(HEADER_TIMEOUT_S),
-           "LAYA_BODY_READ_TIMEOUT": "3"}
+    env = {"LAYA_API_KEY": KEY, "LAYA_MAX_CONCURRENT": "2", "LAYA_QUEUE_TIMEOUT_SECONDS": "0.5",
+           "LAYA_HTTP_HEADER_TIMEOUT_SECONDS": str(HEADER_TIMEOUT_S), "LAYA_BODY_READ_TIMEOUT": "3"}
     with Stack({"english": tiny_ckpt}, env=env) as s:
         s.channel = grpc.insecure_channel(s.grpc)
         s.client = httpx.Client(timeout=60)
@@ -113,8 +113,8 @@ def test_auth_covers_everything_but_the_probes(stack):
 
 
 def test_grpc_and_http_share_one_admission_limit(stack):
-    """LAYA_MAX_CONCURRENT=2: two HTTP requests stalled in their body hold both slots; gRPC is
-    then refused with RESOURCE_EXHAUSTED and a retry hint, and served again once they go."""
+    """LAYA_MAX_CONCURRENT=2: two HTTP requests stalled in their body hold both slots; after the
+    queue time (0.5 s) gRPC is refused with UNAVAILABLE and a retry hint, and served again once they go."""
     host, port = stack.http[len("http://"):].split(":")
     holders = []
     for _ in range(2):
@@ -127,7 +127,7 @@ def test_grpc_and_http_share_one_admission_limit(stack):
     try:
         with pytest.raises(grpc.RpcError) as e:
             stub.Decide(decision_pb2.DecideRequest(request_json=json.dumps(SMALL), include_json=True), metadata=MD, timeout=10)
-        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert dict(e.value.trailing_metadata()).get("retry-after") == "1"
         details = rpc_status.from_call(e.value).details
         assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in details), details

@@ -560,7 +560,8 @@ def test_chunked_upload_under_cap_answers(gateway):
     assert status == 200 and json.loads(body)["answers"]["q"]["type"] == "noul"
 
 
-SLOW = {"LAYA_MAX_CONCURRENT": "1", "LAYA_BODY_READ_TIMEOUT": "1.5"}
+# one slot and no queue: upstream's refuse-at-once (LAYA_MAX_QUEUE=0)
+SLOW = {"LAYA_MAX_CONCURRENT": "1", "LAYA_MAX_QUEUE": "0", "LAYA_BODY_READ_TIMEOUT": "1.5"}
 
 
 def test_stalled_upload_holds_the_only_slot_then_gets_408(gateway):

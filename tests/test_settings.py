@@ -93,7 +93,7 @@ def test_upstream_variables_are_read_as_upstream_reads_them():
                                       "LAYA_MAX_TOKEN_BUDGET": "0", "LAYA_JEV_STRICT": "maybe",
                                       "LAYA_AUTO_TASK": "on", "LAYA_API_KEY": "", "LAYA_DEFAULT_MODEL": " english "})
     s = a.settings
-    assert (s.max_concurrent, s.body_read_timeout, s.max_token_budget) == (16, 10.0, 8192)
+    assert (s.max_concurrent, s.body_read_timeout, s.max_token_budget) == (512, 10.0, 8192)   # a bad value falls back to the default
     assert s.jev_strict is False and s.auto_task is True and s.api_key is None and s.default_model == "english"
     assert "ignored" in a.sources["max_concurrent"].via
     assert resolve(GatewaySettings, [], {"LAYA_API_KEY": " k "}).api_key == " k "   # upstream takes it as is

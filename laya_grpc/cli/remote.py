@@ -43,8 +43,9 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     if command == "decide":
         p.add_argument("text", help="the state: plain text, or JSON with --state-json; '-' reads stdin")
         p.add_argument("--questions", required=True, metavar="JSON|FILE",
-                       help="the /v1/systemone 'questions' object: inline JSON ('{\"q\": {...}}'), a JSON "
-                            "file, or '-' for stdin")
+                       help="the /v1/systemone 'questions' object: inline JSON ('{\"angry\": {\"type\": "
+                            "\"noul\", \"instructions\": \"Is the customer angry?\"}}'), a JSON file, or '-' "
+                            "for stdin")
         p.add_argument("--state-json", action="store_true", help="parse TEXT as a JSON state (object, conversation list)")
         p.add_argument("--model", default=None, help="pin a checkpoint (english, multilingual, ...)")
         p.add_argument("--lang", default=None, help="language code hint for routing")
@@ -97,12 +98,16 @@ def _decide(args) -> int:
         if a["type"] == "choice":
             head = "choice %s" % json.dumps(a["choice"], ensure_ascii=False)
         elif a["type"] == "score":
-            head = "score %.4f" % a["score"]
+            legend = a.get("legend") or {}
+            nearest = legend.get(str(int(round(a["score"]))))
+            head = "score %.4f" % a["score"] + (" (~%s)" % nearest if nearest else "")
         else:
             head = "noul P(true)=%.4f" % a["noul"]
         print("  %-20s %-28s confidence %.4f" % (qid, head, a["confidence"]))
+        legend = a.get("legend") or {}
         for label, p in (a.get("probabilities") or {}).items():
-            print("      %-24s %6.4f %s" % (label, p, "#" * int(round(p * 30))))
+            name = "%s %s" % (label, legend[label]) if label in legend else label   # score levels by name
+            print("      %-24s %6.4f %s" % (name[:24], p, "#" * int(round(p * 30))))
     u = result["usage"]
     print("usage: %d input tokens%s" % (u["input_tokens"], ", state truncated" if u.get("truncated") else ""))
     return 0

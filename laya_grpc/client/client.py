@@ -6,14 +6,24 @@ send them as typed requests (`requests.build_decide`), and return by default the
 written against the HTTP API ports as is. `typed=True` returns the DecideResponse /
 DecideBatchResponse messages instead. A failed call raises `laya_grpc.core.errors.LayaError` with
 the HTTP-equivalent kind and detail (and `field`, the request field at fault when known).
+
+A busy gateway (UNAVAILABLE, kind BUSY) or one that cannot be reached is retried with jittered
+exponential backoff until the client's `timeout` is spent; a RetryInfo delay from the gateway is
+waited at least. Only then does the call fail, BUSY, saying what the last attempt met.
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Iterator, Optional
+import asyncio
+import random
+import time
+from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from laya_grpc.core import rpc
+from laya_grpc.core.errors import KIND_METADATA_KEY, Kind, LayaError
 from laya_grpc.core.streams import StreamMux
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
 
@@ -21,8 +31,86 @@ from .answers import batch_dict, response_dict
 from .requests import build_batch, build_decide
 
 
+INITIAL_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 2.0
+
+
 def _metadata(api_key: Optional[str]):
     return (("authorization", "Bearer " + api_key),) if api_key else None
+
+
+def _retry_info_s(e: grpc.RpcError) -> Optional[float]:
+    """The RetryInfo delay of a failed call, in seconds (None when it has none)."""
+    try:
+        st = rpc_status.from_call(e)
+    except ValueError:
+        return None
+    for d in st.details if st is not None else ():
+        if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            d.Unpack(info)
+            return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    return None
+
+
+def _classify(e: grpc.RpcError, address: str) -> tuple[LayaError, bool, Optional[float]]:
+    """(the error, whether a retry can succeed, the gateway's RetryInfo delay)."""
+    tagged = any(k == KIND_METADATA_KEY for k, _ in (e.trailing_metadata() or ()))
+    if e.code() == grpc.StatusCode.UNAVAILABLE and not tagged:   # nothing answered: the transport's own failure
+        return LayaError(Kind.BUSY, "no gateway answered at %s (%s)" % (address, e.details())), True, None
+    err = rpc.error_from_rpc(e, "gateway")
+    return err, err.kind is Kind.BUSY, _retry_info_s(e)
+
+
+class _Backoff:
+    """Jittered exponential backoff inside one deadline: `pause(hint)` is how long to sleep before
+    the next attempt (at least the gateway's RetryInfo `hint`), or None when no time is left."""
+
+    def __init__(self, timeout: float):
+        self.end = time.monotonic() + timeout
+        self.attempt = 0
+
+    def left(self) -> float:
+        return max(0.001, self.end - time.monotonic())
+
+    def pause(self, hint: Optional[float]) -> Optional[float]:
+        ceiling = min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * (2 ** self.attempt))
+        self.attempt += 1
+        delay = random.uniform(ceiling / 2, ceiling)
+        if hint:
+            delay = max(delay, hint * random.uniform(1.0, 1.2))
+        return delay if time.monotonic() + delay < self.end else None
+
+
+def _call_with_retries(call: Callable[[float], Any], timeout: float, address: str) -> Any:
+    backoff = _Backoff(timeout)
+    while True:
+        try:
+            return call(backoff.left())
+        except grpc.RpcError as e:
+            err, retryable, hint = _classify(e, address)
+        pause = backoff.pause(hint) if retryable else None
+        if pause is None:
+            raise err
+        time.sleep(pause)
+
+
+async def _acall_with_retries(call: Callable[[float], Any], timeout: float, address: str) -> Any:
+    backoff = _Backoff(timeout)
+    while True:
+        hint = None
+        try:
+            return await call(backoff.left())
+        except grpc.aio.AioRpcError as e:
+            err, retryable, hint = _classify(e, address)
+        except LayaError as e:       # a DecideStream call: its reply or the stream's failure
+            err, retryable = e, e.kind is Kind.BUSY
+            if e.detail == rpc.transport_detail("gateway"):
+                err = LayaError(Kind.BUSY, "no gateway answered at %s" % address)
+        pause = backoff.pause(hint) if retryable else None
+        if pause is None:
+            raise err
+        await asyncio.sleep(pause)
 
 
 class LayaClient:
@@ -35,7 +123,7 @@ class LayaClient:
         self._channel = grpc.insecure_channel(rpc.target(address), options=rpc.CHANNEL_OPTIONS)
         self._decisions = decision_pb2_grpc.DecisionServiceStub(self._channel)
         self._status = decision_pb2_grpc.StatusServiceStub(self._channel)
-        self._md, self.timeout, self.typed = _metadata(api_key), timeout, typed
+        self._md, self.timeout, self.typed, self.address = _metadata(api_key), timeout, typed, address
 
     def __enter__(self) -> "LayaClient":
         return self
@@ -48,19 +136,15 @@ class LayaClient:
 
     def decide(self, state: Any, questions: dict, **controls) -> Any:
         """One state; controls: model, task, lang, lang_guess, max_len, head_max_len, min_confidence."""
-        try:
-            resp = self._decisions.Decide(build_decide(state, questions, **controls), timeout=self.timeout,
-                                          metadata=self._md)
-        except grpc.RpcError as e:
-            raise rpc.error_from_rpc(e, "gateway") from None
+        req = build_decide(state, questions, **controls)
+        resp = _call_with_retries(lambda t: self._decisions.Decide(req, timeout=t, metadata=self._md),
+                                  self.timeout, self.address)
         return resp if self.typed else response_dict(resp)
 
     def decide_batch(self, states: list, questions: dict, **controls) -> Any:
-        try:
-            resp = self._decisions.DecideBatch(build_batch(states, questions, **controls), timeout=self.timeout,
-                                               metadata=self._md)
-        except grpc.RpcError as e:
-            raise rpc.error_from_rpc(e, "gateway") from None
+        req = build_batch(states, questions, **controls)
+        resp = _call_with_retries(lambda t: self._decisions.DecideBatch(req, timeout=t, metadata=self._md),
+                                  self.timeout, self.address)
         return resp if self.typed else batch_dict(resp)
 
     def status(self) -> decision_pb2.StatusEvent:
@@ -90,7 +174,7 @@ class AsyncLayaClient:
         self._channel = rpc.channel(address)
         self._decisions = decision_pb2_grpc.DecisionServiceStub(self._channel)
         self._status = decision_pb2_grpc.StatusServiceStub(self._channel)
-        self._md, self.timeout, self.typed = _metadata(api_key), timeout, typed
+        self._md, self.timeout, self.typed, self.address = _metadata(api_key), timeout, typed, address
         self._mux = StreamMux(lambda: self._decisions.DecideStream(metadata=self._md), decision_pb2.DecideCall,
                               "gateway") if stream else None
 
@@ -108,20 +192,17 @@ class AsyncLayaClient:
     async def decide(self, state: Any, questions: dict, **controls) -> Any:
         req = build_decide(state, questions, **controls)
         if self._mux is not None:
-            resp = await self._mux.call(req, self.timeout)
+            mux = self._mux
+            resp = await _acall_with_retries(lambda t: mux.call(req, t), self.timeout, self.address)
         else:
-            try:
-                resp = await self._decisions.Decide(req, timeout=self.timeout, metadata=self._md)
-            except grpc.aio.AioRpcError as e:
-                raise rpc.error_from_rpc(e, "gateway") from None
+            resp = await _acall_with_retries(lambda t: self._decisions.Decide(req, timeout=t, metadata=self._md),
+                                             self.timeout, self.address)
         return resp if self.typed else response_dict(resp)
 
     async def decide_batch(self, states: list, questions: dict, **controls) -> Any:
-        try:
-            resp = await self._decisions.DecideBatch(build_batch(states, questions, **controls),
-                                                     timeout=self.timeout, metadata=self._md)
-        except grpc.aio.AioRpcError as e:
-            raise rpc.error_from_rpc(e, "gateway") from None
+        req = build_batch(states, questions, **controls)
+        resp = await _acall_with_retries(lambda t: self._decisions.DecideBatch(req, timeout=t, metadata=self._md),
+                                         self.timeout, self.address)
         return resp if self.typed else batch_dict(resp)
 
     async def status(self) -> decision_pb2.StatusEvent:

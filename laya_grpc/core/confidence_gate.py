@@ -26,7 +26,8 @@ PASSED, ABSTAINED, UNEVALUATED = "passed", "abstained", "unevaluated"
 
 def _one_threshold(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0.0 or v > 1.0:
-        raise LayaError(Kind.INVALID, "min_confidence must be a float in [0.0, 1.0], got %r" % (v,))
+        raise LayaError(Kind.INVALID, "min_confidence must be a float in [0.0, 1.0], got %r" % (v,),
+                        "min_confidence")
     return float(v)
 
 
@@ -38,12 +39,12 @@ def check_min_confidence(v: Any) -> Optional[Threshold]:
         return _one_threshold(v)
     if not v:
         raise LayaError(Kind.INVALID, "a min_confidence map must be a non-empty dict of bucket -> float, "
-                                      "got %r" % (v,))
+                                      "got %r" % (v,), "min_confidence")
     out: dict[str, float] = {}
     for key, val in v.items():
         if not isinstance(key, str) or key not in _ALLOWED_KEYS:
             raise LayaError(Kind.INVALID, "min_confidence map keys must be a bucket like 'choice:3-5' or "
-                                          "'default', got %r" % (key,))
+                                          "'default', got %r" % (key,), "min_confidence")
         out[key] = _one_threshold(val)
     return out
 

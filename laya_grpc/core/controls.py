@@ -39,9 +39,9 @@ def token_budget(body: dict, key: str, cap: Optional[int] = None) -> Optional[in
     if val is None:
         return None
     if not isinstance(val, int) or isinstance(val, bool):
-        raise LayaError(Kind.INVALID, "%s must be an integer" % key)
+        raise LayaError(Kind.INVALID, "%s must be an integer" % key, key)
     if val <= 0:
-        raise LayaError(Kind.INVALID, "%s must be a positive integer" % key)
+        raise LayaError(Kind.INVALID, "%s must be a positive integer" % key, key)
     if cap is not None and val > cap:
-        raise LayaError(Kind.INVALID, "%s exceeds server limit (%d > %d)" % (key, val, cap))
+        raise LayaError(Kind.INVALID, "%s exceeds server limit (%d > %d)" % (key, val, cap), key)
     return val

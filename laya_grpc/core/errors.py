@@ -1,8 +1,11 @@
 """One error type for the whole project, mapped once to HTTP and once to gRPC.
 
 Every layer raises `LayaError(kind, detail)`; the gateway turns it into upstream's
-`{"detail": ...}` with the kind's HTTP status, the gRPC servicers into the kind's status code
-with `google.rpc.Status` details (`laya_grpc.core.rpc.status_of`).
+`{"detail": ...}` with the kind's HTTP status (`gateway/http_app.error_response`), the gRPC
+servicers into the kind's status code with `google.rpc.Status` details
+(`laya_grpc.core.rpc.status_of`). BUSY, "busy or restarting, retry", is the one retryable kind:
+HTTP 503 with `Retry-After`, gRPC UNAVAILABLE (the code gRPC retry policies retry) with
+RetryInfo and `retry-after` metadata.
 `detail` texts follow upstream `laya serve` 0.4.15 wherever upstream has one.
 """
 from __future__ import annotations
@@ -71,6 +74,8 @@ ERROR_DOMAIN = "laya-grpc"
 # RetryInfo's delay on a retryable failure (BUSY: admission full, a backend restarting): long
 # enough for a supervised child to come back, short against a client's deadline.
 RETRY_DELAY_S = 1.0
+RETRY_AFTER_HEADER = "%d" % RETRY_DELAY_S   # HTTP Retry-After and gRPC `retry-after` metadata (upstream's "1")
+RETRY_AFTER_KEY = "retry-after"
 
 
 def from_grpc(code: grpc.StatusCode, details: str, kind_name: str | None = None, field: str = "") -> LayaError:

@@ -21,6 +21,30 @@ from . import request_id
 
 FORMATS = ("text", "json")
 access_log = logging.getLogger("laya_grpc.access")
+CLIENT_VALUE_CHARS = 200     # a value a client chose (model, task, id), as a log line or error detail shows it
+MAX_LINE_CHARS = 4096        # any log message longer is cut (a client value that reached a line unclipped)
+
+
+def clip(value, limit: int = CLIENT_VALUE_CHARS) -> str:
+    """`value` as text of at most about `limit` characters: longer ones keep their head and say
+    how much was cut, so a 2 MB name costs a log line or an error detail 200 characters."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return text
+    return "%s...(%d more chars)" % (text[:limit], len(text) - limit)
+
+
+def header_value(value) -> str:
+    """A client's value as an HTTP header or gRPC metadata value: clipped, non-printable and
+    non-ASCII characters escaped."""
+    return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in clip(value))
+
+
+def clip_repr(value, limit: int = CLIENT_VALUE_CHARS) -> str:
+    """repr(value), clipped the same way (for %r of client values)."""
+    if isinstance(value, str) and len(value) > limit:
+        return repr(value[:limit]) + "...(%d more chars)" % (len(value) - limit)
+    return clip(repr(value), limit + 2)
 
 
 class _RequestIdFilter(logging.Filter):
@@ -84,6 +108,20 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False, default=str)
+
+
+class _ClipLong(logging.Filter):
+    """Cuts any message over MAX_LINE_CHARS: a client value that reached a log line unclipped
+    cannot turn one request into megabytes of log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format is logging's own error to report
+            return True
+        if len(msg) > MAX_LINE_CHARS:
+            record.msg, record.args = clip(msg, MAX_LINE_CHARS), None
+        return True
 
 
 class _DropCancelled(logging.Filter):
@@ -152,6 +190,7 @@ def setup(service: str, fmt: str | None = None, level: str | None = None, access
         sys.unraisablehook = lambda u: logging.getLogger("laya_grpc").error(
             "%s: %s", u.err_msg or "exception ignored", u.exc_value, exc_info=(u.exc_type, u.exc_value, u.exc_traceback))
     handler.addFilter(_RequestIdFilter())
+    handler.addFilter(_ClipLong())
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)

@@ -68,6 +68,9 @@ INFER_CHUNKS = _Family(Histogram, "laya_gateway_infer_chunks_per_request",
                        buckets=(2, 4, 8, 16, 32, 64, 128, 256))
 REJECTED = _Family(Counter, "laya_gateway_rejected_total", "Requests refused before any work, by API and reason",
                    ["api", "reason"])
+ADMISSION_WAIT_SECONDS = _Family(Histogram, "laya_gateway_admission_wait_seconds",
+                                 "Time a decision request waited in the admission queue (slots or rows)",
+                                 buckets=_LATENCY)
 CANCELLED = _Family(Counter, "laya_gateway_cancelled_total", "Decision requests abandoned by their client, by API",
                     ["api"])
 BACKEND_ERRORS = _Family(Counter, "laya_gateway_backend_errors_total", "Failed calls to a backend service, by "

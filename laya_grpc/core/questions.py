@@ -79,99 +79,116 @@ def _option_count(qdef: dict) -> int:
     return len(crit) if isinstance(crit, (dict, list, tuple)) else 0
 
 
+class FieldError(ValueError):
+    """A question's ValueError that knows the field at fault, relative to the question
+    ("criteria[2]"; "" for the question itself)."""
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field
+
+
+def question_path(qid: Any, field: str = "") -> str:
+    """The request path of a question's field: `questions["q"].criteria[2]`."""
+    key = json.dumps(qid if isinstance(qid, (str, int)) else str(qid), ensure_ascii=False)
+    if len(key) > 200:
+        key = key[:200] + '..."'
+    return "questions[%s]%s" % (key, "." + field if field else "")
+
+
 def check_question(qid: Any, qdef: Any) -> None:
-    """Upstream `Agent._check_question`, raising ValueError with its exact texts."""
+    """Upstream `Agent._check_question`, raising ValueError (FieldError) with its exact texts."""
     if qid is None:
-        raise ValueError("question id must not be None")
+        raise FieldError("question id must not be None", "")
     if not isinstance(qid, (str, int)) or (isinstance(qid, str) and not qid.strip()):
-        raise ValueError("question id must be a non-empty string, got %r" % (qid,))
+        raise FieldError("question id must be a non-empty string, got %r" % (qid,), "")
     if not isinstance(qdef, dict):
-        raise ValueError("question %r: definition must be a dict, got %s" % (qid, type(qdef).__name__))
+        raise FieldError("question %r: definition must be a dict, got %s" % (qid, type(qdef).__name__), "")
     t = qdef.get("type")
     if not isinstance(t, str) or t not in QTYPES:
-        raise ValueError("question %r: unknown type %r; use one of %s" % (qid, t, sorted(QTYPES)))
+        raise FieldError("question %r: unknown type %r; use one of %s" % (qid, t, sorted(QTYPES)), "type")
     if "instructions" not in qdef:
-        raise ValueError("question %r: no 'instructions'; add the text the model should answer" % (qid,))
+        raise FieldError("question %r: no 'instructions'; add the text the model should answer" % (qid,), "instructions")
     ins = qdef["instructions"]
     if ins is None:
-        raise ValueError("question %r: 'instructions' must not be None; add the text the model should answer"
-                         % (qid,))
+        raise FieldError("question %r: 'instructions' must not be None; add the text the model should answer"
+                         % (qid,), "instructions")
     if (isinstance(ins, str) and not ins.strip()) or (isinstance(ins, (list, dict)) and not ins):
-        raise ValueError("question %r: 'instructions' must not be empty; add the text the model should answer"
-                         % (qid,))
+        raise FieldError("question %r: 'instructions' must not be empty; add the text the model should answer"
+                         % (qid,), "instructions")
     if not isinstance(ins, (str, dict, list, int, float)):
-        raise ValueError("question %r: 'instructions' must be a string, dict, or list, got %s"
-                         % (qid, type(ins).__name__))
+        raise FieldError("question %r: 'instructions' must be a string, dict, or list, got %s"
+                         % (qid, type(ins).__name__), "instructions")
     crit = qdef.get("criteria")
     if t == "choice":
         _check_choice_criteria(qid, crit)
     elif t == "score":
         if not isinstance(crit, list):
-            raise ValueError("question %r: a score question takes 'criteria' as a list of level "
-                             "descriptions, index 0 first" % (qid,))
+            raise FieldError("question %r: a score question takes 'criteria' as a list of level "
+                             "descriptions, index 0 first" % (qid,), "criteria")
         if not crit:
-            raise ValueError("question %r: a score question needs at least one level" % (qid,))
+            raise FieldError("question %r: a score question needs at least one level" % (qid,), "criteria")
         if None in crit:
-            raise ValueError("question %r: score level %d is null; give every level a description, "
-                             "index 0 first" % (qid, crit.index(None)))
+            raise FieldError("question %r: score level %d is null; give every level a description, "
+                             "index 0 first" % (qid, crit.index(None)), "criteria[%d]" % crit.index(None))
     elif crit is not None and not isinstance(crit, dict):
-        raise ValueError("question %r: a noul question takes 'criteria' as a dict with optional "
-                         "'true'/'false' descriptions, or omits it" % (qid,))
+        raise FieldError("question %r: a noul question takes 'criteria' as a dict with optional "
+                         "'true'/'false' descriptions, or omits it" % (qid,), "criteria")
     elif isinstance(crit, dict):
         keys = {str(k).lower() for k in crit}
         if not keys <= {"true", "false"}:
-            raise ValueError(
+            raise FieldError(
                 "question %r: a noul question takes 'criteria' keyed only 'true'/'false' (either "
                 "or both, and omitted is fine), got %s. Those keys are the option texts the model "
                 "reads; any other key was silently dropped and replaced with the defaults. If you "
                 "want the answer worded differently, keep 'criteria' keyed 'true'/'false' and set "
-                "'labels' instead." % (qid, sorted(keys)))
+                "'labels' instead." % (qid, sorted(keys)), "criteria")
     if "option_order" in qdef:
         order = qdef["option_order"]
         n = _option_count(qdef)
         if (not isinstance(order, (list, tuple))
                 or len(order) != n
                 or sorted(int(i) for i in order if isinstance(i, int) and not isinstance(i, bool)) != list(range(n))):
-            raise ValueError(
+            raise FieldError(
                 "question %r: 'option_order' must be a permutation of range(%d) -- one slot per "
-                "option, each option once -- got %r" % (qid, n, order))
+                "option, each option once -- got %r" % (qid, n, order), "option_order")
     if "labels" in qdef:
         if t != "noul":
-            raise ValueError("question %r: 'labels' is only supported for noul questions" % (qid,))
+            raise FieldError("question %r: 'labels' is only supported for noul questions" % (qid,), "labels")
         try:
             resolve_noul_labels(qdef["labels"])
         except ValueError as e:
-            raise ValueError("question %r: %s" % (qid, e)) from e
+            raise FieldError("question %r: %s" % (qid, e), "labels") from e
 
 
 def _check_choice_criteria(qid: Any, crit: Any) -> None:
     if not isinstance(crit, (dict, list)):
-        raise ValueError("question %r: a choice question takes 'criteria' as a dict of "
-                         "label -> description, or a list of labels" % (qid,))
+        raise FieldError("question %r: a choice question takes 'criteria' as a dict of "
+                         "label -> description, or a list of labels" % (qid,), "criteria")
     if not crit:
-        raise ValueError("question %r: a choice question needs at least one criterion" % (qid,))
+        raise FieldError("question %r: a choice question needs at least one criterion" % (qid,), "criteria")
     for i, label in enumerate(crit if isinstance(crit, list) else crit.keys()):
         if label is not None and not isinstance(label, (str, int, float, bool)):
-            raise ValueError(
+            raise FieldError(
                 "question %r: choice label %d is a %s; a label is rendered as option text "
                 "and used as the answer key, so it must be a scalar (a string, number or "
-                "bool), got %r" % (qid, i, type(label).__name__, label))
+                "bool), got %r" % (qid, i, type(label).__name__, label), "criteria[%d]" % i)
         if label is None:
-            raise ValueError(
+            raise FieldError(
                 "question %r: choice label %d is null; a label is rendered as option text "
                 "and used as the answer key, so it must be a string, number or bool -- a "
                 "null label renders as the text \"None\" while its answer key is \"null\""
-                % (qid, i))
+                % (qid, i), "criteria[%d]" % i)
     if isinstance(crit, list):
         # A Python dict, like upstream's: labels that compare equal (1, 1.0, True) are one key, and
         # identity wins first, so the one NaN object json.loads shares is a repeat of itself.
         seen: dict[Any, int] = {}
         for i, label in enumerate(crit):
             if label in seen:
-                raise ValueError(
+                raise FieldError(
                     "question %r: choice label %d (%r) repeats label %d; the labels are the "
                     "answer keys, so every option needs its own (1, 1.0 and True are one "
-                    "key)" % (qid, i, label, seen[label]))
+                    "key)" % (qid, i, label, seen[label]), "criteria[%d]" % i)
             seen[label] = i
 
 
@@ -216,19 +233,19 @@ def parse_questions(questions: Any) -> list[Question]:
     object, as `laya serve` answers. `{}` gives `[]` (upstream answers without tokenising).
     """
     if not isinstance(questions, dict):
-        raise LayaError(Kind.BAD_REQUEST, "'questions' must be an object")
+        raise LayaError(Kind.BAD_REQUEST, "'questions' must be an object", "questions")
     for qid, qdef in questions.items():
         try:
             check_question(qid, qdef)
         except ValueError as e:
-            raise LayaError(Kind.INVALID, str(e)) from None
+            raise LayaError(Kind.INVALID, str(e), question_path(qid, getattr(e, "field", ""))) from None
     return [_normalise(qid, qdef) for qid, qdef in questions.items()]
 
 
 def check_limits(questions: Any, max_choice_options: int = MAX_CHOICE_OPTIONS) -> None:
     """The question half of `laya serve`'s `_check_request_limits` (steps 2-5 of its order)."""
     if not isinstance(questions, dict):
-        raise LayaError(Kind.BAD_REQUEST, "'questions' must be an object")
+        raise LayaError(Kind.BAD_REQUEST, "'questions' must be an object", "questions")
     if len(questions) > MAX_QUESTIONS:
         raise LayaError(Kind.TOO_LARGE, "too many questions (%d > %d)" % (len(questions), MAX_QUESTIONS))
     total_options = 0
@@ -251,7 +268,8 @@ def check_limits(questions: Any, max_choice_options: int = MAX_CHOICE_OPTIONS) -
                                 % (qid, count, MAX_SCORE_LEVELS))
             if None in crit:
                 raise LayaError(Kind.INVALID, "score question %r has a null level at index %d; give every "
-                                "level a description" % (qid, crit.index(None)))
+                                "level a description" % (qid, crit.index(None)),
+                                question_path(qid, "criteria[%d]" % crit.index(None)))
     if total_options > MAX_TOTAL_OPTIONS:
         raise LayaError(Kind.TOO_LARGE, "too many answer options across questions (%d > %d)"
                         % (total_options, MAX_TOTAL_OPTIONS))
@@ -288,13 +306,13 @@ def state_length(state: Any) -> int:
     try:
         return len(json.dumps(state, ensure_ascii=False))
     except (TypeError, ValueError, RecursionError):
-        raise LayaError(Kind.BAD_REQUEST, "'state' must be JSON-serializable") from None
+        raise LayaError(Kind.BAD_REQUEST, "'state' must be JSON-serializable", "state") from None
 
 
 def check_request_limits(state: Any, questions: Any, max_choice_options: int = MAX_CHOICE_OPTIONS) -> None:
     """`laya serve`'s `_check_request_limits` for one state, in its order (which decides the winner)."""
     if state is None:
-        raise LayaError(Kind.BAD_REQUEST, "'state' is required")
+        raise LayaError(Kind.BAD_REQUEST, "'state' is required", "state")
     check_limits(questions, max_choice_options)
     n = state_length(state)
     if n > MAX_STATE_CHARS:

@@ -12,19 +12,24 @@ log record.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from typing import Optional
 
 from . import logs, metrics, request_id, tracing
-from .errors import LayaError
+from .errors import Kind, LayaError
+
+CLIENT_CLOSED = 499     # nginx's code for a client that closed the request (gRPC CANCELLED)
+DEADLINE_PASSED = 504   # a gRPC client's deadline passed first (DEADLINE_EXCEEDED), however the work ended
 
 
 class Scope:
-    __slots__ = ("request_id", "status", "context")
+    __slots__ = ("request_id", "status", "context", "expired")
 
     def __init__(self, rid: str, context: request_id.RequestContext):
         self.request_id, self.status, self.context = rid, None, context
+        self.expired = None   # () -> bool: whether the client's deadline has passed (set by a gRPC front)
 
 
 @contextlib.contextmanager
@@ -45,8 +50,15 @@ def observed(api: str, route: str, supplied_id: Optional[str] = None, traceparen
                 scope.status = scope.status or 200
                 grpc_code = 0
             except LayaError as e:
-                scope.status = e.kind.http_status
-                grpc_code = e.kind.grpc_code.value[0]
+                expired = e.kind is Kind.TIMEOUT and scope.expired is not None and scope.expired()
+                scope.status = DEADLINE_PASSED if expired else e.kind.http_status
+                grpc_code = 4 if expired else e.kind.grpc_code.value[0]   # 4: DEADLINE_EXCEEDED
+                raise
+            except asyncio.CancelledError:
+                # the client went away or its deadline passed: no error of ours, and no answer sent
+                expired = scope.expired is not None and scope.expired()
+                scope.status = DEADLINE_PASSED if expired else CLIENT_CLOSED
+                grpc_code = 4 if expired else 1   # DEADLINE_EXCEEDED, CANCELLED
                 raise
             finally:
                 if tracing.enabled():

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from .errors import Kind, LayaError
 from .langdetect import analyse
+from .logs import clip, clip_repr
 
 log = logging.getLogger("laya_grpc.core.routing")
 
@@ -97,10 +98,11 @@ class RouteTable:
     """
     sources: Mapping[str, str] = field(default_factory=lambda: dict(BUILTIN_SOURCES))
     default: str = DEFAULT_MODEL
+    strict_model: bool = False     # an unknown `model` is NOT_FOUND instead of auto-routed (--strict-model)
 
     @classmethod
     def build(cls, models: Optional[Mapping[Any, Source]] = None,
-              default: Optional[str] = None) -> "RouteTable":
+              default: Optional[str] = None, strict_model: bool = False) -> "RouteTable":
         """Table for `models` (built-in or extra name -> source) and a `LAYA_DEFAULT_MODEL` value.
 
         Checks in upstream's start-up order with upstream's texts (`laya serve` exits with them):
@@ -130,7 +132,7 @@ class RouteTable:
             if isinstance(source, str) and source.startswith("~"):
                 source = os.path.expanduser(source)
             sources[key] = source_text(source)
-        return cls(sources=sources, default=default_key)
+        return cls(sources=sources, default=default_key, strict_model=strict_model)
 
     def resolve(self, name: Any) -> str:
         """Canonical name of a checkpoint in this table, or upstream's 422 naming the choices."""
@@ -148,30 +150,42 @@ def _names_a_source(text: str) -> bool:
 
 
 def resolve_model(model_field: Any, table: RouteTable) -> Optional[str]:
-    """The request's `model` field as a canonical checkpoint name, or None to auto-route.
+    """The request's `model` field as a canonical checkpoint name, or None to auto-route
+    (`resolve_model_named`'s first half)."""
+    return resolve_model_named(model_field, table)[0]
+
+
+def resolve_model_named(model_field: Any, table: RouteTable) -> tuple[Optional[str], Optional[str]]:
+    """(canonical checkpoint name or None to auto-route, the unknown name that was auto-routed).
 
     Empty values, the bundle id and names this server does not know (a Jev id such as `jev-1`)
-    auto-route, as upstream does. A path or an unpublished `org/repo` id is a checkpoint this
+    auto-route, as upstream does; the second value then names the unknown one so the fronts can
+    say so (a response header, gRPC's routing.reason). With `table.strict_model` an unknown name
+    is LayaError(NOT_FOUND) instead. A path or an unpublished `org/repo` id is a checkpoint this
     server cannot load: LayaError(INVALID) with upstream's text.
     """
     if not model_field:
-        return None
+        return None, None
     text = str(model_field).strip()
     published = PUBLISHED_MODEL_IDS.get(text.lower())
     if published is not None:
-        return published
+        return published, None
     if text.lower() == BUNDLE_REPO:
-        return None
+        return None, None
     try:
-        return table.resolve(model_field)
+        return table.resolve(model_field), None
     except LayaError as error:
         if _names_a_source(text):
             raise LayaError(Kind.INVALID, "%s, or omit model to let the router choose"
-                            % error.detail) from None
+                            % clip(error.detail, 1000), "model") from None
+        if table.strict_model:
+            raise LayaError(Kind.NOT_FOUND, "unknown model %s; this server serves: %s (or omit model to let "
+                            "the router choose)" % (clip_repr(text), ", ".join(sorted(table.sources))),
+                            "model") from None
         # upstream's answer (auto-route) stays the contract; a misspelling must not pass unseen
-        log.warning("request names unknown model %r; auto-routing as upstream does (this server knows: %s)",
-                    text, ", ".join(sorted(table.sources)))
-        return None
+        log.warning("request names unknown model %s; auto-routing as upstream does (this server knows: %s)",
+                    clip_repr(text), ", ".join(sorted(table.sources)))
+        return None, text
 
 
 def check_language_param(key: str, value: Any) -> Optional[str]:
@@ -181,7 +195,7 @@ def check_language_param(key: str, value: Any) -> Optional[str]:
     """
     if value is None or isinstance(value, str):
         return value
-    raise LayaError(Kind.INVALID, '%s must be a language code string such as "de", or null' % key)
+    raise LayaError(Kind.INVALID, '%s must be a language code string such as "de", or null' % key, key)
 
 
 def english_from_code(code: Optional[str]) -> Optional[bool]:

@@ -15,11 +15,13 @@ import grpc
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_status import rpc_status
 
 from . import flags
-from .errors import ERROR_DOMAIN, KIND_METADATA_KEY, RETRY_DELAY_S, Kind, LayaError, from_grpc
+from .errors import (ERROR_DOMAIN, KIND_METADATA_KEY, RETRY_AFTER_HEADER, RETRY_AFTER_KEY, RETRY_DELAY_S, Kind,
+                     LayaError, from_grpc)
+from .logs import clip
 
 log = logging.getLogger("laya_grpc.core.rpc")
 
@@ -104,13 +106,30 @@ def server(max_concurrent_rpcs: Optional[int] = None, interceptors=None, reuse_p
                            interceptors=[UndecodableRequests()] + list(interceptors or ()))
 
 
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
 def add_health_and_reflection(srv: grpc.aio.Server, service_names: Iterable[str]) -> health.aio.HealthServicer:
-    """Standard grpc.health.v1 (Check + Watch) and reflection; all services start NOT_SERVING."""
+    """Standard grpc.health.v1 (Check + Watch) and reflection, both `grpc.reflection.v1` (what
+    current grpcurl and Postman ask first) and `v1alpha`; all services start NOT_SERVING.
+
+    grpcio-reflection ships only v1alpha; v1 is the same messages under another package name, so
+    the one servicer answers both."""
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, srv)
-    names = list(service_names)
-    reflection.enable_server_reflection(names + [health.SERVICE_NAME, reflection.SERVICE_NAME], srv)
+    names = list(service_names) + [health.SERVICE_NAME, REFLECTION_V1, reflection.SERVICE_NAME]
+    servicer = reflection.aio.ReflectionServicer(names)
+    _add_reflection(servicer, srv, reflection.SERVICE_NAME)
+    _add_reflection(servicer, srv, REFLECTION_V1)
     return hs
+
+
+def _add_reflection(servicer, srv: grpc.aio.Server, service: str) -> None:
+    srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {
+        "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+            servicer.ServerReflectionInfo,
+            request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+            response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)}),))
 
 
 async def set_health(hs: health.aio.HealthServicer, names: Iterable[str], serving: bool) -> None:
@@ -119,17 +138,26 @@ async def set_health(hs: health.aio.HealthServicer, names: Iterable[str], servin
         await hs.set(name, status)
 
 
+DETAIL_CHARS = 1000    # message, then again as BadRequest's description: ~2 KiB of the 8 KiB metadata
+FIELD_CHARS = 300
+
+
 def status_of(err: LayaError) -> status_pb2.Status:
     """The one LayaError -> `google.rpc.Status` mapping: the kind's code and the detail, with
     ErrorInfo (reason = the kind name, metadata.http_status = the HTTP twin's status), BadRequest
     on INVALID_ARGUMENT (the field at fault when known) and RetryInfo when a retry can succeed
-    (BUSY). A too-large request (RESOURCE_EXHAUSTED) gets no RetryInfo: the same request fails again."""
-    st = status_pb2.Status(code=err.kind.grpc_code.value[0], message=err.detail)
+    (BUSY). A too-large request (RESOURCE_EXHAUSTED) gets no RetryInfo: the same request fails again.
+
+    The detail and field are clipped (DETAIL_CHARS, FIELD_CHARS): a detail that echoes a
+    20,000-character id must not push the status past gRPC's 8 KiB metadata limit, which would
+    turn it into a RESOURCE_EXHAUSTED that clients retry."""
+    detail, field = clip(err.detail, DETAIL_CHARS), clip(err.field, FIELD_CHARS)
+    st = status_pb2.Status(code=err.kind.grpc_code.value[0], message=detail)
     st.details.add().Pack(error_details_pb2.ErrorInfo(reason=err.kind.name, domain=ERROR_DOMAIN,
                                                       metadata={"http_status": str(err.kind.http_status)}))
     if err.kind.grpc_code == grpc.StatusCode.INVALID_ARGUMENT:
         st.details.add().Pack(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=err.field, description=err.detail)]))
+            error_details_pb2.BadRequest.FieldViolation(field=field, description=detail)]))
     if err.kind is Kind.BUSY:
         st.details.add().Pack(error_details_pb2.RetryInfo(
             retry_delay=duration_pb2.Duration(seconds=int(RETRY_DELAY_S), nanos=int(RETRY_DELAY_S % 1 * 1e9))))
@@ -138,10 +166,13 @@ def status_of(err: LayaError) -> status_pb2.Status:
 
 async def abort(context: grpc.aio.ServicerContext, err: LayaError):
     """Fail the call with `status_of(err)`; the kind also travels as trailing metadata, so a hop
-    between our own services keeps it without parsing the details."""
+    between our own services keeps it without parsing the details, and BUSY adds `retry-after`
+    (seconds, as HTTP's Retry-After)."""
     st = rpc_status.to_status(status_of(err))
-    await context.abort(st.code, st.details, trailing_metadata=tuple(st.trailing_metadata)
-                        + ((KIND_METADATA_KEY, err.kind.name),))
+    extra = ((KIND_METADATA_KEY, err.kind.name),)
+    if err.kind is Kind.BUSY:
+        extra += ((RETRY_AFTER_KEY, RETRY_AFTER_HEADER),)
+    await context.abort(st.code, st.details, trailing_metadata=tuple(st.trailing_metadata) + extra)
 
 
 def servicer_errors(fn: Callable[..., Awaitable]):
@@ -195,7 +226,7 @@ def error_from_rpc(e: grpc.RpcError, what: str = "") -> LayaError:
 
 def transport_detail(what: str) -> str:
     """What a client reads when a backend cannot be reached (never its address)."""
-    return "%s unavailable: not reachable; retry shortly" % (what or "backend service")
+    return "%s unavailable: not reachable" % (what or "backend service")
 
 
 class _Undecodable:

@@ -65,10 +65,15 @@ async def serve_calls(calls, context: grpc.aio.ServicerContext, handle: Callable
     lock = asyncio.Lock()
     tasks: dict = {}   # call id -> its task
 
-    async def one(call) -> None:
-        reply = await reply_to(call, handle, reply_cls, error_cls, name)
+    async def write(reply) -> None:
         async with lock:
-            await context.write(reply)
+            try:
+                await context.write(reply)
+            except (grpc.aio.AbortError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                pass   # the stream ended (the client left, or it was aborted): nobody to answer
+
+    async def one(call) -> None:
+        await write(await reply_to(call, handle, reply_cls, error_cls, name))
 
     try:
         async for call in calls:
@@ -76,6 +81,10 @@ async def serve_calls(calls, context: grpc.aio.ServicerContext, handle: Callable
                 t = tasks.get(call.id)
                 if t is not None:
                     t.cancel()
+                continue
+            if call.id in tasks:   # an id must be unique among the calls in flight: each gets one reply
+                await write(reply_cls(id=call.id, error=call_error(LayaError(
+                    Kind.BAD_REQUEST, "call id %d is already in flight on this stream" % call.id), error_cls)))
                 continue
             t = asyncio.ensure_future(one(call))
             tasks[call.id] = t
@@ -85,6 +94,13 @@ async def serve_calls(calls, context: grpc.aio.ServicerContext, handle: Callable
     finally:
         for t in list(tasks.values()):
             t.cancel()
+            t.add_done_callback(_retrieved)
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    """Marks a task's outcome as seen (asyncio would log 'Task exception was never retrieved')."""
+    if not task.cancelled():
+        task.exception()
 
 
 class StreamMux:

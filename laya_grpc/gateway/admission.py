@@ -1,18 +1,40 @@
-"""Bounded, non-blocking admission and the capped, time-limited body read (upstream `laya serve`).
+"""Admission: a bounded wait queue in front of a budget of slots and of rows, shared by HTTP and
+gRPC, and the capped, time-limited body read (upstream `laya serve`).
 
-Admission is taken BEFORE the body is read, which bounds how many bodies are buffered at once;
-when every slot is taken the request is refused at once (503, `Retry-After: 1`) rather than
-queued. Because the slot is held while the body arrives, the read has a deadline
-(`LAYA_BODY_READ_TIMEOUT`): a stalled upload gets 408 and frees its slot instead of holding it for
-as long as its socket stays open.
+A decision request takes a slot before its body is read (which bounds how many bodies are
+buffered at once) and, once parsed, its cost: rows, one per (state, question) pair. Two budgets:
+
+* slots (`LAYA_MAX_CONCURRENT`, default 512, the order of what the engine batches at once):
+  requests past auth being answered at once;
+* rows (`LAYA_MAX_ROWS_IN_FLIGHT`, default 4096: upstream's largest batch, 64 states x 64
+  questions, 16 of the inference service's full forward passes): the rows the larger requests
+  hold; more would only queue inside the engine, in front of everyone's next turn. A request
+  of at most `LAYA_SMALL_REQUEST_ROWS` rows (default 64) is outside this budget (the slots bound
+  it), so heavy batches that hold the row budget never lock out small requests, nor small ones
+  starve a heavy one; a request larger than the whole budget runs alone.
+
+A request that finds no slot or no rows waits, up to `LAYA_QUEUE_TIMEOUT_SECONDS` (default 10 s, and
+never past its own deadline) with at most `LAYA_MAX_QUEUE` others (default 1024). Whenever room
+frees, the waiter whose client (transport and peer host) holds the fewest slots goes first, the
+oldest among equals: one client's burst cannot starve another, nor one transport the other. Past
+the queue the request is BUSY: HTTP 503 + `Retry-After`, gRPC UNAVAILABLE + RetryInfo
+(`core/errors.py`). `LAYA_MAX_QUEUE=0` refuses at once when full, as upstream does.
+
+Because the slot is held while the body arrives, the read has a deadline
+(`LAYA_BODY_READ_TIMEOUT`): a stalled upload gets 408 and frees its slot.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
+from dataclasses import dataclass
 from typing import Optional
 
 from laya_grpc.core import memory, metrics
 from laya_grpc.core.errors import Kind, LayaError
+
+from . import deadline
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 # request bytes after which an idle gateway gives freed heap back (core/memory.py): a 2 MiB body is
@@ -25,43 +47,167 @@ TOO_LARGE_DETAIL = "request body too large"
 TIMEOUT_DETAIL = "request body was not received in time"
 
 
+@dataclass(frozen=True)
+class Limits:
+    max_concurrent: int = 512         # slots: requests answered at once
+    max_queue: int = 1024             # requests waiting for a slot or rows; 0: refuse at once when full
+    queue_timeout_s: float = 10.0     # longest wait before BUSY
+    max_rows: int = 4096              # rows (state x question pairs) the larger requests answered hold
+    small_rows: int = 64              # at most this many rows: never waits for rows
+
+
+def rows_of(states: int, questions: int) -> int:
+    """A request's cost: one row per (state, question) pair, at least 1."""
+    return max(1, states) * max(1, questions)
+
+
+class _Waiter:
+    __slots__ = ("ticket", "rows", "seq", "future")
+
+    def __init__(self, ticket: "Ticket", rows: int, seq: int):
+        self.ticket, self.rows, self.seq = ticket, rows, seq
+        self.future = asyncio.get_running_loop().create_future()
+
+
+class Ticket:
+    """One request's hold on admission: `async with admission.enter(client) as ticket:` takes a
+    slot (waiting in the queue if need be); `await ticket.charge(rows)` takes its rows; leaving
+    the block gives both back."""
+    __slots__ = ("admission", "client", "slot", "rows")
+
+    def __init__(self, admission: "Admission", client: str):
+        self.admission, self.client, self.slot, self.rows = admission, client, False, 0
+
+    async def __aenter__(self) -> "Ticket":
+        a = self.admission
+        if not a._queued[0] and a.taken < a.limits.max_concurrent:
+            a._grant_slot(self)
+        else:
+            try:
+                await a._wait(self, 0)
+            except BaseException:
+                a._leave(self)   # granted in the same instant it was given up: hand it back
+                raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.admission._leave(self)
+
+    async def charge(self, rows: int) -> None:
+        a = self.admission
+        if rows <= a.limits.small_rows or (a._rows_fit(rows) and not a._queued[1]):
+            a._grant_rows(self, rows)   # small: never waits; large: in turn behind the large ones waiting
+        else:
+            await a._wait(self, rows)
+
+
 class Admission:
-    """At most `limit` decision requests past auth at once, over HTTP and gRPC together; the rest
-    are refused immediately (HTTP 503 + Retry-After, gRPC RESOURCE_EXHAUSTED + retry-after).
-    Nobody ever waits for a slot, so a counter on the event loop's thread is the whole mechanism.
+    """The slots and rows of one gateway process, over HTTP and gRPC together (module docstring).
 
-    The same counter says when the gateway is idle: `trim` gives freed heap back once no slot has
-    been taken for a moment after large requests (their bytes are `trim.add`ed by the fronts). The
-    gateway has no worker thread of its own, so the trim runs in the event loop's default executor."""
+    Everything runs on the event loop's thread, so plain counters are the whole state. The slot
+    count also says when the gateway is idle: `trim` gives freed heap back once no slot has been
+    taken for a moment after large requests (their bytes are `trim.add`ed by the fronts)."""
 
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.taken = 0
+    def __init__(self, limits: Limits = Limits()):
+        self.limits = limits
+        self.taken = 0                      # slots held
+        self.rows = 0                       # rows held
+        self.per_client: dict[str, int] = {}
+        self._waiting: list[_Waiter] = []
+        self._queued = [0, 0]               # waiters for a slot, for rows
+        self._seq = itertools.count()
         self.trim = memory.IdleTrim(lambda: self.taken, lambda fn: asyncio.get_running_loop().run_in_executor(None, fn),
                                     TRIM_AFTER_BYTES, metrics.GATEWAY_HEAP_TRIMS)
 
-    def slot(self) -> "Admission":
-        """`async with admission.slot():` holds one slot (a plain async context manager: cheaper
-        per request than a generator-based one)."""
-        return self
+    def enter(self, client: str = "") -> Ticket:
+        return Ticket(self, client)
 
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free (never waits)."""
-        if self.taken >= self.limit:
-            return False
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def _rows_fit(self, rows: int) -> bool:
+        return rows <= self.limits.small_rows or self.rows == 0 or self.rows + rows <= self.limits.max_rows
+
+    def _grant_slot(self, t: Ticket) -> None:
+        t.slot = True
         self.taken += 1
-        return True
+        self.per_client[t.client] = self.per_client.get(t.client, 0) + 1
 
-    def release(self) -> None:
-        self.taken -= 1
-        self.trim.ended()
+    def _grant_rows(self, t: Ticket, rows: int) -> None:
+        if rows > self.limits.small_rows:   # small requests are outside the budget: bounded by the slots
+            t.rows = rows
+            self.rows += rows
 
-    async def __aenter__(self) -> None:
-        if not self.try_acquire():
+    def _eligible(self, w: _Waiter) -> bool:
+        if w.future.done():
+            return False
+        if w.rows:
+            return self._rows_fit(w.rows)
+        return self.taken < self.limits.max_concurrent
+
+    def _wake(self) -> None:
+        """Grant room to waiters while some fits: the fewest slots held by its client first."""
+        while self._waiting:
+            best, best_key = None, None
+            for w in self._waiting:
+                if self._eligible(w):
+                    key = (self.per_client.get(w.ticket.client, 0), w.seq)
+                    if best is None or key < best_key:
+                        best, best_key = w, key
+            if best is None:
+                return
+            self._waiting.remove(best)
+            if best.rows:
+                self._grant_rows(best.ticket, best.rows)
+            else:
+                self._grant_slot(best.ticket)
+            best.future.set_result(None)
+
+    def _leave(self, t: Ticket) -> None:
+        if t.slot:
+            t.slot = False
+            self.taken -= 1
+            held = self.per_client.get(t.client, 1) - 1
+            if held:
+                self.per_client[t.client] = held
+            else:
+                self.per_client.pop(t.client, None)
+            self.trim.ended()
+        if t.rows:
+            self.rows -= t.rows
+            t.rows = 0
+        self._wake()
+
+    async def _wait(self, t: Ticket, rows: int) -> None:
+        """Queue for a slot (rows == 0) or for `rows`; BUSY when the queue is full or the wait
+        runs past the queue time (or the request's deadline)."""
+        if len(self._waiting) >= self.limits.max_queue:
+            metrics.REJECTED.labels(t.client.partition(":")[0] or "gateway", "busy").inc()
             raise LayaError(Kind.BUSY, BUSY_DETAIL)
-
-    async def __aexit__(self, *exc) -> None:
-        self.release()
+        w = _Waiter(t, rows, next(self._seq))
+        self._waiting.append(w)
+        self._queued[bool(rows)] += 1
+        wait_s = self.limits.queue_timeout_s
+        left = deadline.left()
+        if left is not None:
+            wait_s = min(wait_s, left)
+        t0 = time.perf_counter()
+        try:
+            await asyncio.wait_for(asyncio.shield(w.future), wait_s)
+        except asyncio.TimeoutError:
+            if w.future.done() and not w.future.cancelled():
+                return   # granted just as the wait ran out
+            metrics.REJECTED.labels(t.client.partition(":")[0] or "gateway", "busy").inc()
+            raise LayaError(Kind.BUSY, BUSY_DETAIL) from None
+        finally:
+            self._queued[bool(rows)] -= 1
+            if w in self._waiting:
+                self._waiting.remove(w)
+            if not w.future.done():
+                w.future.cancel()
+            metrics.ADMISSION_WAIT_SECONDS.observe(time.perf_counter() - t0)
 
 
 async def read_body(receive_stream, content_length: Optional[str], timeout: float) -> bytes:

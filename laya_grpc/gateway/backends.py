@@ -54,9 +54,6 @@ class BackendWatch:
         self.inferences, self.inference_channel = self._replicas("inference", inference, INFERENCE_SERVICE)
         self._inf = inference_pb2_grpc.InferenceServiceStub(self.inference_channel)
         self._tasks: list[asyncio.Task] = []
-        self.warm = False        # set by the gateway after a warm-up request through every ready checkpoint
-        self.warm_detail = "not warmed up yet"   # what the last warm-up did (the status stream shows it)
-        self.draining = False    # set on SIGTERM: not ready from then on
 
     @staticmethod
     def _replicas(service: str, target: BackendTarget, service_name: str):
@@ -97,27 +94,6 @@ class BackendWatch:
         if not any(b.serving for b in self.tokenizers):
             return False
         return any(b.serving and b.status is not None and b.status.state == S.STATE_READY for b in self.inferences)
-
-    def ready(self) -> bool:
-        """Backends ready and the gateway's own path (channels, tokenizer, decode) warmed through them."""
-        return self.warm and not self.draining and self.backends_ready()
-
-    def not_ready_reason(self) -> str:
-        """Why `ready()` is False, in one line for GET /ready ("" when ready)."""
-        if self.draining:
-            return "draining: shutting down"
-        if not any(b.serving for b in self.tokenizers):
-            return "no tokenizer serving (%s)" % _details(self.tokenizers)
-        if not self.backends_ready():
-            def state(b):
-                if not b.serving or b.status is None:
-                    return b.detail
-                return S.State.Name(b.status.state).removeprefix("STATE_").lower() + (": " + b.status.detail if b.status.detail else "")
-            return "no inference replica serving with its checkpoints ready (%s)" % "; ".join(
-                "%s: %s" % (b.address, state(b)) for b in self.inferences)
-        if not self.warm:
-            return "warming up: %s" % self.warm_detail
-        return ""
 
     def ready_checkpoints(self) -> list:
         st = self.inference.status
@@ -174,6 +150,3 @@ class BackendWatch:
                 return c
         return None
 
-
-def _details(backends: list) -> str:
-    return "; ".join("%s: %s" % (b.address, b.detail) for b in backends)

@@ -24,7 +24,7 @@ from laya_grpc.core.confidence_gate import Threshold, check_min_confidence
 from laya_grpc.core.controls import LONE_SURROGATE_DETAIL, has_lone_surrogate, token_budget
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.questions import Question, check_request_limits, parse_questions
-from laya_grpc.core.routing import RouteTable, check_language_param, resolve_model
+from laya_grpc.core.routing import RouteTable, check_language_param, resolve_model_named
 
 MAX_BATCH_STATES = 64
 
@@ -42,6 +42,7 @@ class Controls:
     max_len: Optional[int] = None
     head_max_len: Optional[int] = None
     min_confidence: Optional[Threshold] = None
+    unknown_model: Optional[str] = None  # a `model` this server does not know, auto-routed (said in a header)
 
 
 @dataclass
@@ -81,7 +82,7 @@ def load_json(raw: bytes) -> Any:
 def _refuse(body: dict, keys: tuple[str, ...], text: str) -> None:
     given = sorted(key for key in keys if body.get(key) is not None)
     if given:
-        raise LayaError(Kind.INVALID, text % ", ".join(given))
+        raise LayaError(Kind.INVALID, text % ", ".join(given), given[0])
 
 
 
@@ -92,9 +93,9 @@ def _batch_size(body: dict) -> Optional[int]:
     if val is None:
         return None
     if not isinstance(val, int) or isinstance(val, bool):
-        raise LayaError(Kind.INVALID, "batch_size must be an integer")
+        raise LayaError(Kind.INVALID, "batch_size must be an integer", "batch_size")
     if val < 1:
-        raise LayaError(Kind.INVALID, "batch_size must be a positive integer, got %r" % (val,))
+        raise LayaError(Kind.INVALID, "batch_size must be a positive integer, got %r" % (val,), "batch_size")
     return val
 
 
@@ -103,7 +104,7 @@ def _sort_by_length(body: dict) -> bool:
     if val is None:
         return False
     if not isinstance(val, bool):
-        raise LayaError(Kind.INVALID, "sort_by_length must be a boolean")
+        raise LayaError(Kind.INVALID, "sort_by_length must be a boolean", "sort_by_length")
     return val
 
 
@@ -111,7 +112,10 @@ def _check_task(task: Any, model: Optional[str], table: RouteTable) -> None:
     """The error routing raises for an unknown `task` (only consulted when no model is pinned)."""
     if task is None or model is not None:
         return
-    table.resolve("typed-decisions" if str(task).lower().replace("-", "_") == "typed_decisions" else task)
+    try:
+        table.resolve("typed-decisions" if str(task).lower().replace("-", "_") == "typed_decisions" else task)
+    except LayaError as e:
+        raise LayaError(e.kind, e.detail, "task") from None
 
 
 # -- entry points -------------------------------------------------------------------------------
@@ -150,7 +154,7 @@ def parse_batch(body: Any, table: RouteTable, max_token_budget: int = 8192,
         raise LayaError(Kind.BAD_REQUEST, "request body must be an object with 'states' and 'questions' fields")
     states, questions = body["states"], body["questions"]
     if not isinstance(states, list) or not states:
-        raise LayaError(Kind.BAD_REQUEST, "'states' must be a non-empty list")
+        raise LayaError(Kind.BAD_REQUEST, "'states' must be a non-empty list", "states")
     if len(states) > MAX_BATCH_STATES:
         raise LayaError(Kind.TOO_LARGE, "too many states in batch (%d > %d)" % (len(states), MAX_BATCH_STATES))
     for state in states:
@@ -171,11 +175,12 @@ def parse_batch(body: Any, table: RouteTable, max_token_budget: int = 8192,
 
 
 def _controls(body: dict, table: RouteTable, max_token_budget: int) -> Controls:
-    model = resolve_model(body.get("model"), table)
+    model, unknown_model = resolve_model_named(body.get("model"), table)
     max_len = token_budget(body, "max_len", max_token_budget)
     head_max_len = token_budget(body, "head_max_len", max_token_budget)
     lang = check_language_param("lang", body.get("lang"))
     lang_guess = check_language_param("lang_guess", body.get("lang_guess"))
     min_confidence = check_min_confidence(body.get("min_confidence"))
     return Controls(model=model, task=body.get("task"), lang=lang, lang_guess=lang_guess,
-                    max_len=max_len, head_max_len=head_max_len, min_confidence=min_confidence)
+                    max_len=max_len, head_max_len=head_max_len, min_confidence=min_confidence,
+                    unknown_model=unknown_model)

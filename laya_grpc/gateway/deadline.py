@@ -33,6 +33,12 @@ def within(seconds: Optional[float]) -> Iterator[None]:
         _DEADLINE.reset(token)
 
 
+def left() -> Optional[float]:
+    """Seconds until the request's deadline (None: it has none)."""
+    at = _DEADLINE.get()
+    return None if at is None else max(0.0, at - time.monotonic())
+
+
 def timeout(cap: float) -> float:
     """Seconds a backend call may take: `cap`, or less when the request's deadline is nearer."""
     at = _DEADLINE.get()

@@ -11,7 +11,8 @@ S = status_pb2
 
 
 def health_payload(services) -> dict:
-    """Live facts for /health (the HTTP app fills upstream's remaining fields from these)."""
+    """Live facts for /health (the HTTP app adds `ready` from the gateway's Readiness and fills
+    upstream's remaining fields from these)."""
     st = services.inference.status
     cps = list(st.checkpoints) if st is not None else []
     loaded = [c for c in cps if c.state == S.STATE_READY]
@@ -19,7 +20,6 @@ def health_payload(services) -> dict:
     actual = next(iter(devices.values()), None)
     preference = cps[0].device_requested if cps else "unknown"
     return {
-        "ready": services.ready(),
         "loaded": [c.name for c in loaded],
         "revisions": {c.name: c.revision for c in loaded},
         "device": actual or preference,

@@ -1,10 +1,12 @@
 """The HTTP front end: upstream `laya serve` 0.4.15's three routes on Starlette.
 
 Handlers stay tiny; everything that can go wrong is a LayaError turned into `{"detail": ...}`
-with the kind's status by one handler. Per decision request, in upstream's order: bearer auth
-(401, before anything else, even when saturated) -> admission slot (503 + Retry-After: 1) ->
-capped, time-limited body read (413/408) -> `laya_grpc.gateway.contract` parsing -> the decider -> JSON
-rendering (a NaN there is upstream's 422). Timing headers go on 200s of the decision routes only.
+with the kind's status by one handler. Per decision request, in upstream's order, through the
+gateway's `Policy` (policy.py): bearer auth (401, before anything else, even when saturated) ->
+an admission slot, waiting in the bounded queue (past it 503 + Retry-After: 1) -> capped,
+time-limited body read (413/408) -> `laya_grpc.gateway.contract` parsing -> the request's rows
+from the admission budget -> the decider -> JSON rendering (a NaN there is upstream's 422).
+Timing headers go on 200s of the decision routes only.
 
 Starlette's router gives upstream's 404 `Not Found`, 405 `Method Not Allowed` + `Allow` and 307
 trailing-slash redirect, through the same JSON error shape FastAPI installs. Upstream's FastAPI
@@ -13,7 +15,6 @@ docs routes (`/docs`, `/redoc`, `/openapi.json`, served only without a key) are 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from typing import Any, Awaitable, Callable
@@ -24,22 +25,21 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from laya_grpc.core import metrics, request_scope
-from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core import logs, metrics, request_scope, timing
+from laya_grpc.core.errors import RETRY_AFTER_HEADER, Kind, LayaError
 
-from laya_grpc.core import timing
-
-from .admission import Admission, read_body
+from .admission import read_body, rows_of
 from . import deadline
 from .contract import parse_batch_body, parse_decide_body
 from .decider import Decider
+from .policy import Policy
 from .render import render_json
 from .settings import GatewaySettings
 
 _log = logging.getLogger("laya_grpc.gateway")
 
-UNAUTHORIZED_DETAIL = "invalid or missing bearer token"
 INTERNAL_DETAIL = "inference failed"
+UNKNOWN_MODEL_HEADER = "X-Laya-Unknown-Model"   # a `model` that names no checkpoint here (auto-routed)
 CLIENT_GONE_DETAIL = "client closed the request"
 CLIENT_CLOSED_REQUEST = 499   # nginx's code for it; never reaches the client
 LIVENESS_ONLY = {"status": "ok"}
@@ -84,21 +84,20 @@ def _client_gone() -> Response:
 
 
 def error_response(error: LayaError) -> Response:
+    """The one LayaError -> HTTP mapping: the kind's status, upstream's `{"detail"}`, Retry-After
+    on BUSY, and `Connection: close` on a 401 (it is answered before the body is read, so the
+    connection cannot carry another request)."""
     status = error.kind.http_status
-    headers = {"Retry-After": "1"} if error.kind is Kind.BUSY else None
+    headers = None
+    if error.kind is Kind.BUSY:
+        headers = {"Retry-After": RETRY_AFTER_HEADER}
+    elif error.kind is Kind.UNAUTHENTICATED:
+        headers = {"Connection": "close"}
     # Upstream never shows a 500's cause to the client (paths, memory state): it goes to the log.
     detail = INTERNAL_DETAIL if status == 500 else error.detail
     if status == 500:
-        _log.error("request failed: %r", error)
+        _log.error("request failed: %s", logs.clip(repr(error)))
     return json_response({"detail": detail}, status, headers)
-
-
-def not_ready_reason(services) -> str:
-    """"" when ready, else why not (services without their own reasons give a generic one)."""
-    reason = getattr(services, "not_ready_reason", None)
-    if reason is not None:
-        return reason()
-    return "" if services.health().get("ready") else "not ready"
 
 
 def _route_path(scope) -> str:
@@ -135,22 +134,14 @@ async def _serve_direct(endpoint, scope, receive, send) -> None:
         raise
 
 
-def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: float | None = None,
-              admission: Admission | None = None):
-    """`admission`: the slots shared with the gRPC front (grpc_guards); its own when not given."""
-    admission = admission if admission is not None else Admission(settings.max_concurrent)
-    api_key = settings.api_key
-    # Bytes on both sides: Starlette decodes headers as latin-1, and a str compare_digest raises
-    # on non-ASCII; this way every header a client can send answers 401, never 500.
-    expected = ("Bearer " + api_key).encode("utf-8", "surrogateescape") if api_key else b""
+def build_app(decider: Decider, settings: GatewaySettings, policy: Policy, request_timeout_s: float | None = None):
+    """`policy`: auth, admission (shared with the gRPC front) and readiness."""
+    admission, readiness = policy.admission, policy.readiness
 
     def authorized(request: Request) -> bool:
-        if api_key is None:
-            return True
-        supplied = (request.headers.get("authorization") or "").encode("utf-8", "surrogateescape")
-        return hmac.compare_digest(supplied, expected)
+        return policy.auth.allows(request.headers.get("authorization"))
 
-    def decision_route(route: str, parse: Callable, run: Callable[[Any], Awaitable[dict]]):
+    def decision_route(route: str, parse: Callable, run: Callable[[Any], Awaitable[dict]], rows: Callable):
         async def endpoint(request: Request) -> Response:
             headers = request.headers
             with request_scope.observed("http", route, headers.get("x-request-id"), headers.get("traceparent"),
@@ -166,33 +157,37 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
 
         async def answer(request: Request) -> Response:
             t = timing.start() if request.headers.get(timing.REQUEST_HEADER) == "1" else None
-            if not authorized(request):
-                raise LayaError(Kind.UNAUTHENTICATED, UNAUTHORIZED_DETAIL)
-            async with admission.slot():
-                try:
-                    raw = await read_body(request.stream(), request.headers.get("content-length"),
-                                          settings.body_read_timeout)
-                except ClientDisconnect:
-                    return _client_gone()
-                admission.trim.add(len(raw))
-                timing.mark("admission_body")
-                req = parse(raw, decider.route_table, settings.max_token_budget)
-                timing.mark("parse")
-                t0 = time.perf_counter()
-                try:
-                    # the task until_disconnect starts copies the context: the deadline goes with it
-                    with deadline.within(request_timeout_s or None):
+            policy.auth.check(request.headers.get("authorization"))
+            peer = request.client
+            # the deadline covers the wait in the admission queue too; the task until_disconnect
+            # starts copies the context, so it goes with the work
+            with deadline.within(request_timeout_s or None):
+                async with admission.enter("http:" + (peer.host if peer else "")) as ticket:
+                    try:
+                        raw = await read_body(request.stream(), request.headers.get("content-length"),
+                                              settings.body_read_timeout)
+                    except ClientDisconnect:
+                        return _client_gone()
+                    admission.trim.add(len(raw))
+                    timing.mark("admission_body")
+                    req = parse(raw, decider.route_table, settings.max_token_budget)
+                    timing.mark("parse")
+                    try:
+                        await until_disconnect(ticket.charge(rows(req)), request.receive)
+                        t0 = time.perf_counter()
                         result = await until_disconnect(run(req), request.receive)
-                except ClientGone:
-                    return _client_gone()
-                except LayaError:
-                    raise
-                except Exception as error:  # a bug or a lost service: never leak it to the client
-                    _log.exception("inference failed")
-                    raise LayaError(Kind.INTERNAL, INTERNAL_DETAIL) from error
+                    except ClientGone:
+                        return _client_gone()
+                    except LayaError:
+                        raise
+                    except Exception as error:  # a bug or a lost service: never leak it to the client
+                        _log.exception("inference failed")
+                        raise LayaError(Kind.INTERNAL, INTERNAL_DETAIL) from error
                 ms = "%.2f" % ((time.perf_counter() - t0) * 1000.0)
                 resp = json_response(result, headers={"Server-Timing": "inference;dur=" + ms,
                                                       "X-Inference-Time-Ms": ms})
+                if req.controls.unknown_model is not None:   # auto-routed as upstream does; said here
+                    resp.headers[UNKNOWN_MODEL_HEADER] = logs.header_value(req.controls.unknown_model)
                 if t is not None:
                     t.mark("render")
                     resp.headers[timing.REQUEST_HEADER] = t.header()
@@ -206,7 +201,8 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
         payload = {"status": "ok"}
         for key in UPSTREAM_HEALTH_KEYS:
             payload[key] = facts.pop(key)
-        payload["ready"] = bool(facts.pop("ready"))
+        facts.pop("ready", None)
+        payload["ready"] = readiness.ready()
         payload.update(facts)
         return json_response(payload)
 
@@ -214,7 +210,7 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
         """Readiness probe: 200 only while requests can be answered, else 503 with the reason
         (/health answers 200 with "ready": false during an outage, which a probe cannot use). With a
         key set the reason, which names backend addresses, is for callers holding the key only."""
-        reason = not_ready_reason(decider.services)
+        reason = readiness.reason()
         if reason:
             body = {"ready": False, "detail": reason} if authorized(request) else {"ready": False}
             return json_response(body, 503)
@@ -231,8 +227,10 @@ def build_app(decider: Decider, settings: GatewaySettings, request_timeout_s: fl
         # FastAPI's shape for Starlette's own 404/405 (with its Allow header).
         return json_response({"detail": error.detail}, error.status_code, error.headers)
 
-    decide_endpoint = decision_route("decide", parse_decide_body, decider.decide)
-    batch_endpoint = decision_route("batch", parse_batch_body, decider.decide_batch)
+    decide_endpoint = decision_route("decide", parse_decide_body, decider.decide,
+                                     lambda req: rows_of(1, len(req.questions)))
+    batch_endpoint = decision_route("batch", parse_batch_body, decider.decide_batch,
+                                    lambda req: rows_of(len(req.states), len(req.questions)))
     routes = [
         Route("/v1/systemone", decide_endpoint, methods=["POST"]),
         Route("/v1/systemone/batch", batch_endpoint, methods=["POST"]),

@@ -20,6 +20,7 @@ from laya_proto.v1 import decision_pb2_grpc
 
 from . import conn_limits
 from .admission import Admission
+from .policy import Auth, Policy
 from .decider import Decider
 from .endpoints import parse_target, split_entries
 from .grpc_api import DecisionServicer, StatusServicer
@@ -27,7 +28,7 @@ from .grpc_guards import public_server
 from .http_app import build_app
 from .http_server import build_server
 from .listen import listen_socket, split_host_port
-from .readiness import DECISION_SERVICE, STATUS_SERVICE, follow_readiness
+from .readiness import DECISION_SERVICE, STATUS_SERVICE, Readiness, follow_readiness
 from .remote import RemoteServices
 from .settings import GatewaySettings
 
@@ -42,19 +43,19 @@ async def serve(args: argparse.Namespace) -> int:
     settings: GatewaySettings = args.settings
     metrics.serve_metrics(args.metrics)
     sources = settings.checkpoint_sources()
-    table = RouteTable.build(sources, settings.default_model)
+    table = RouteTable.build(sources, settings.default_model, strict_model=settings.strict_model)
     feed = ChangeFeed()
     services = RemoteServices(parse_target(args.tokenizer, "--tokenizer"), parse_target(args.inference, "--inference"),
                               feed)
     seed_backend_restarts(services.tokenizers, services.inferences)   # counts kept by the supervisor
     decider = Decider(services, table, settings)
 
-    admission = Admission(settings.max_concurrent)   # one limit for HTTP and gRPC
-    grpc_server = public_server(settings.api_key, admission, reuse_port=args.reuse_port,
-                                options=conn_limits.setup(args))
-    status = StatusServicer(services, feed, args.grpc)
+    # one policy for both fronts: auth, admission (one queue and budget for HTTP and gRPC), readiness
+    policy = Policy(Auth(settings.api_key), Admission(settings.admission), Readiness(services))
+    grpc_server = public_server(policy, reuse_port=args.reuse_port, options=conn_limits.setup(args))
+    status = StatusServicer(services, policy.readiness, feed, args.grpc)
     decision_pb2_grpc.add_DecisionServiceServicer_to_server(
-        DecisionServicer(decider, settings.api_key, settings.max_token_budget, admission), grpc_server)
+        DecisionServicer(decider, policy, settings.max_token_budget), grpc_server)
     decision_pb2_grpc.add_StatusServiceServicer_to_server(status, grpc_server)
     hs = rpc.add_health_and_reflection(grpc_server, [DECISION_SERVICE, STATUS_SERVICE])
     await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], False)
@@ -74,11 +75,11 @@ async def serve(args: argparse.Namespace) -> int:
     http_socket = listen_socket(host, port, args.reuse_port)
     await grpc_server.start()
 
-    app = build_app(decider, settings, args.request_timeout_s, admission)
+    app = build_app(decider, settings, policy, args.request_timeout_s)
     http = build_server(app, host, port, args, settings.root_path)
     services.start()
 
-    readiness = asyncio.ensure_future(follow_readiness(services, feed, app, settings.api_key, hs))
+    readiness = asyncio.ensure_future(follow_readiness(policy.readiness, feed, app, settings.api_key, hs))
     http_task = asyncio.ensure_future(http.serve(sockets=[http_socket]))
     log.info("gateway: http on %s:%d, grpc on %s%s, tokenizer %s, inference %s", host, port, status.address,
              " (this worker: %s)" % control if control else "", ",".join(split_entries(args.tokenizer)),
@@ -92,12 +93,12 @@ async def serve(args: argparse.Namespace) -> int:
         rc = 2
     else:
         rc = 0
-    await drain(http, http_task, grpc_server, hs, services, feed, readiness, args.drain_grace_s if rc == 0 else 0.0)
+    await drain(http, http_task, grpc_server, hs, policy.readiness, feed, readiness, args.drain_grace_s if rc == 0 else 0.0)
     await services.close()
     return rc
 
 
-async def drain(http, http_task, grpc_server, hs, services, feed: ChangeFeed, readiness, grace_s: float) -> None:
+async def drain(http, http_task, grpc_server, hs, state: Readiness, feed: ChangeFeed, readiness, grace_s: float) -> None:
     """The gateway's one shutdown path (SIGTERM, SIGINT, or the HTTP server failing): not ready at
     once (/ready 503, grpc.health.v1 NOT_SERVING, the ready gauge 0); both listeners stop accepting
     connections; requests already running on either transport finish within `grace_s`; then the
@@ -105,7 +106,7 @@ async def drain(http, http_task, grpc_server, hs, services, feed: ChangeFeed, re
     `Connection: close`; gRPC sends GOAWAY. The backends stay up meanwhile (under `serve` they are
     stopped only after every gateway has exited, cli/supervisor.py)."""
     t0 = time.monotonic()
-    services.draining = True
+    state.draining = True
     feed.bump()
     readiness.cancel()
     metrics.GATEWAY_READY.set(0)

@@ -13,13 +13,13 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from laya_grpc.core.flags import USE_DEFAULT, positive_int, positive_seconds, setting
+from laya_grpc.core.flags import USE_DEFAULT, non_negative_int, positive_int, positive_seconds, setting
 from laya_grpc.core.settings import (ServiceSettings, upstream_as_is, upstream_bool, upstream_positive_int,
                                     upstream_seconds, upstream_text)
 
+from .admission import Limits
 from .conn_limits import DEFAULT_GRPC_MAX_CONNECTIONS, HANDSHAKE_TIMEOUT_S, MAX_IDLE_S
 
-DEFAULT_MAX_CONCURRENT = 16
 DEFAULT_BODY_READ_TIMEOUT = 10.0
 DEFAULT_MAX_TOKEN_BUDGET = 8192
 # Long enough for a large batch on a CPU-only inference service; short enough that the gateway does
@@ -65,10 +65,26 @@ class GatewayOptions:
     api_key: Optional[str] = setting(None, "require 'Authorization: Bearer KEY' (HTTP) or the 'authorization' "
                                      "metadata (gRPC) on the decision routes", env="LAYA_API_KEY",
                                      env_parse=upstream_as_is, secret=True, metavar="KEY")
-    max_concurrent: int = setting(DEFAULT_MAX_CONCURRENT, "decision requests (HTTP and gRPC together) served "
-                                  "at once; one more is refused at once (503 busy, RESOURCE_EXHAUSTED)",
-                                  name="max_concurrent_requests", type=positive_int, env="LAYA_MAX_CONCURRENT",
-                                  env_parse=upstream_positive_int, metavar="N")
+    max_concurrent: int = setting(Limits.max_concurrent, "decision requests (HTTP and gRPC together) answered "
+                                  "at once; more wait in the admission queue (upstream's variable, whose own "
+                                  "default of 16 refused the 17th at once)", name="max_concurrent_requests",
+                                  type=positive_int, env="LAYA_MAX_CONCURRENT", env_parse=upstream_positive_int,
+                                  metavar="N")
+    max_queue: int = setting(Limits.max_queue, "requests waiting for admission at most; one more is refused "
+                             "(HTTP 503 with Retry-After, gRPC UNAVAILABLE with RetryInfo); 0 refuses at once "
+                             "when every slot is taken, as upstream does", type=non_negative_int, metavar="N")
+    queue_timeout_s: float = setting(Limits.queue_timeout_s, "longest wait in the admission queue (never past "
+                                     "the request's own deadline) before the busy answer", type=positive_seconds,
+                                     unit="seconds", name="queue_timeout_seconds")
+    max_rows_in_flight: int = setting(Limits.max_rows, "rows (state x question pairs) that the larger requests "
+                                      "answered at once may hold together; a larger request waits for rows "
+                                      "while small ones pass", type=positive_int)
+    small_request_rows: int = setting(Limits.small_rows, "requests of at most this many rows never wait for "
+                                      "rows (only for a slot)", type=non_negative_int, unit="rows")
+    strict_model: bool = setting(False, "answer a request whose 'model' names no checkpoint served here with 404 "
+                                 "(gRPC NOT_FOUND) instead of routing it automatically as upstream laya serve "
+                                 "does (the default; the response then names the unknown model in the "
+                                 "X-Laya-Unknown-Model header)")
     body_read_timeout: float = setting(DEFAULT_BODY_READ_TIMEOUT, "time a request may take to deliver its body "
                                        "before the gateway answers 408 and frees its slot",
                                        name="body_read_timeout_seconds", unit="seconds", type=positive_seconds,
@@ -109,6 +125,13 @@ class GatewayOptions:
                                         "handshake within %.0f s is closed, one without calls for %.0f s is asked "
                                         "to reconnect (GOAWAY)" % (HANDSHAKE_TIMEOUT_S, MAX_IDLE_S),
                                         type=positive_int, metavar="N")
+
+    @property
+    def admission(self) -> Limits:
+        """The admission queue's limits (gateway/admission.py)."""
+        return Limits(max_concurrent=self.max_concurrent, max_queue=self.max_queue,
+                      queue_timeout_s=self.queue_timeout_s, max_rows=self.max_rows_in_flight,
+                      small_rows=self.small_request_rows)
 
     def complete(self, sources: dict) -> None:
         """--host, --port and --grpc-port replace their part of --http and --grpc."""

@@ -14,6 +14,8 @@ from typing import Any
 
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.json_labels import label_value
+from laya_grpc.core.logs import clip_repr
+from laya_grpc.core.questions import question_path
 from laya_proto.v1 import decision_pb2
 
 from .admission import MAX_BODY_BYTES, TOO_LARGE_DETAIL
@@ -21,6 +23,7 @@ from .contract import may_hold_lone_surrogate, load_json
 
 TYPE_NAMES = {decision_pb2.QUESTION_TYPE_CHOICE: "choice", decision_pb2.QUESTION_TYPE_SCORE: "score",
               decision_pb2.QUESTION_TYPE_NOUL: "noul"}
+_TYPE_ENUM_NAMES = ", ".join(decision_pb2.QuestionType.Name(t) for t in TYPE_NAMES)
 _SCALAR_CONTROLS = ("model", "task", "lang", "lang_guess", "max_len", "head_max_len")
 
 
@@ -92,11 +95,11 @@ def _choice_criteria(q, crit, field: str) -> Any:
     for i, (label, description) in enumerate(zip(labels, descriptions)):
         path = "%s.criteria[%d].label" % (field, i)
         if not isinstance(label, str):
-            raise LayaError(Kind.INVALID, "question %r: a choice criterion with a description takes a "
-                                          "string label (the /v1/systemone object form), got %r" % (q.id, label), path)
+            raise LayaError(Kind.INVALID, "question %s: a choice criterion with a description takes a "
+                                          "string label (the /v1/systemone object form), got %r" % (clip_repr(q.id), label), path)
         if label in out:
-            raise LayaError(Kind.INVALID, "question %r: choice label %d (%r) repeats an earlier label; every "
-                                          "option needs its own" % (q.id, i, label), path)
+            raise LayaError(Kind.INVALID, "question %s: choice label %d (%r) repeats an earlier label; every "
+                                          "option needs its own" % (clip_repr(q.id), i, label), path)
         out[label] = description
     return out
 
@@ -104,8 +107,8 @@ def _choice_criteria(q, crit, field: str) -> Any:
 def _score_criteria(q, crit, field: str) -> list:
     for i, c in enumerate(crit):
         if c.HasField("label"):
-            raise LayaError(Kind.INVALID, "question %r: a score level has no label (its label is its index); "
-                                          "put the level's text in description" % (q.id,),
+            raise LayaError(Kind.INVALID, "question %s: a score level has no label (its label is its index); "
+                                          "put the level's text in description" % (clip_repr(q.id),),
                             "%s.criteria[%d].label" % (field, i))
     return [_description(c) for c in crit]
 
@@ -116,8 +119,8 @@ def _noul_criteria(q, crit, field: str) -> dict:
         label = _label(c, field, i)
         key = "true" if label is True else "false" if label is False else None
         if key is None or key in out:
-            raise LayaError(Kind.INVALID, "question %r: a noul question takes at most one criterion labelled "
-                                          "bool_value true and one labelled false" % (q.id,),
+            raise LayaError(Kind.INVALID, "question %s: a noul question takes at most one criterion labelled "
+                                          "bool_value true and one labelled false" % (clip_repr(q.id),),
                             "%s.criteria[%d].label" % (field, i))
         out[key] = _description(c)
     return out
@@ -126,27 +129,33 @@ def _noul_criteria(q, crit, field: str) -> dict:
 _CRITERIA = {"choice": _choice_criteria, "score": _score_criteria, "noul": _noul_criteria}
 
 
+def _type(q) -> str:
+    """The question's type name; an unset or unknown enum value is refused with the proto's names."""
+    t = TYPE_NAMES.get(q.type)
+    if t is None:
+        what = "has no type" if q.type == decision_pb2.QUESTION_TYPE_UNSPECIFIED else "has unknown type %d" % q.type
+        raise LayaError(Kind.INVALID, "question %s %s; use one of %s" % (clip_repr(q.id), what, _TYPE_ENUM_NAMES),
+                        question_path(q.id, "type"))
+    return t
+
+
 def _questions(body: Body, questions) -> dict:
     out: dict = {}
     for i, q in enumerate(questions):
         qid = q.id
         if qid in out:
-            raise LayaError(Kind.INVALID, "question id %r is given twice" % qid, "questions[%d].id" % i)
-        d: dict = {}
-        t = TYPE_NAMES.get(q.type)
-        if t is not None:       # unset: the body has no type, and upstream's check says so
-            d["type"] = t
+            raise LayaError(Kind.INVALID, "question id %s is given twice" % clip_repr(qid), "questions[%d].id" % i)
+        path = question_path(qid)
+        d: dict = {"type": _type(q)}
+        t = d["type"]
         which = q.WhichOneof("instructions")
         if which == "instructions_text":
             d["instructions"] = q.instructions_text
         elif which == "instructions_json":
-            d["instructions"] = body.json(q.instructions_json, "questions[%d].instructions_json" % i)
+            d["instructions"] = body.json(q.instructions_json, path + ".instructions_json")
         crit = q.criteria
         if crit:
-            if t is None:
-                raise LayaError(Kind.INVALID, "question %r: criteria need a question type" % (qid,),
-                                "questions[%d].type" % i)
-            d["criteria"] = _CRITERIA[t](q, crit, "questions[%d]" % i)
+            d["criteria"] = _CRITERIA[t](q, crit, path)
         if q.HasField("labels"):
             d["labels"] = {"false": q.labels.false_label, "true": q.labels.true_label}
         order = q.option_order
