@@ -18,6 +18,7 @@ from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
 
 from . import deadline
+from .admission import Admission
 from .contract import parse_batch, parse_decide
 from .decider import Decider
 from .http_app import UNAUTHORIZED_DETAIL
