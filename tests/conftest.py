@@ -10,7 +10,8 @@ new test cannot escape them:
   starts a process or opens a socket (subprocess, socket, asyncio streams, a gRPC server or
   channel, uvicorn, tests/stack.py);
 - `kernels`: the test's module imports the Triton kernels (run through Triton's CPU interpreter);
-- `slow`: the test starts a whole `laya-grpc serve` (tests/stack.py) or builds an environment.
+- `slow`: the test itself (not a fixture it shares) starts a whole `laya-grpc serve` (tests/stack.py,
+  or `laya-grpc serve|bench` as a process) or builds an environment.
 `pytest -m "not integration and not kernels"` is the fast tier.
 """
 from __future__ import annotations
@@ -90,8 +91,9 @@ _INTEGRATION_NAMES = frozenset({
     "open_connection", "open_unix_connection", "start_server", "start_unix_server", "create_connection",
     "socketpair", "add_insecure_port", "insecure_channel", "uvicorn", "Stack", "urlopen",
 })
-# Names that start a whole `laya-grpc serve` or build an environment.
-_SLOW_NAMES = frozenset({"Stack", "venv", "EnvBuilder"})
+# Names that start a whole `laya-grpc serve` or build an environment, and the CLI commands that do.
+_SLOW_NAMES = frozenset({"Stack", "venv", "EnvBuilder", "argv:serve", "argv:bench"})
+_SLOW_COMMANDS = frozenset({"serve", "bench"})
 # Modules whose import means the test runs the Triton kernels through the interpreter.
 _KERNEL_MODULES = ("triton", "triton_interpreter", "laya_grpc.inference.cuda_kernels",
                    "laya_grpc.inference.cuda_attention", "laya_grpc.inference.split_gemm")
@@ -128,6 +130,7 @@ def _names(obj, seen: set) -> set:
         c = codes.pop()
         out.update(c.co_names)
         codes.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        out.update("argv:" + k for k in c.co_consts if k in _SLOW_COMMANDS)
     for name in list(out):
         v = glb.get(name)
         if isinstance(v, types.ModuleType):
