@@ -8,7 +8,7 @@ Tiers (markers registered in pyproject.toml), set here from what each test's cod
 new test cannot escape them:
 - `integration`: the test, a fixture it uses, or a helper of the tests' own that either calls,
   starts a process or opens a socket (subprocess, socket, asyncio streams, a gRPC server or
-  channel, uvicorn, tests/stack.py);
+  channel, uvicorn, tests/stack.py), or uses a module of the package that does (core/ipc.py);
 - `kernels`: the test's module imports the Triton kernels (run through Triton's CPU interpreter);
 - `slow`: the test itself (not a fixture it shares) starts a whole `laya-grpc serve` (tests/stack.py,
   or `laya-grpc serve|bench` as a process) or builds an environment.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import types
 import warnings
 
@@ -136,9 +137,21 @@ def _names(obj, seen: set) -> set:
         if isinstance(v, types.ModuleType):
             if v.__name__ in ("subprocess", "socket", "multiprocessing", "stack", "hostile_clients"):
                 out.add("module:" + v.__name__)
+            out |= _product_module_io(v)
         elif isinstance(v, (types.FunctionType, type)) and _ours(v):
             out |= _names(v, seen)
+        elif callable(v):
+            out |= _product_module_io(sys.modules.get(getattr(v, "__module__", None) or ""))
     return out
+
+
+def _product_module_io(module) -> set:
+    """{"module:socket"} or {"module:subprocess"} for a module of the package that opens sockets or
+    starts processes itself (core/ipc.py's unix sockets, the bench's stacks): what a test reaches
+    through it is integration even though the test's own code names neither."""
+    if not isinstance(module, types.ModuleType) or not module.__name__.startswith("laya_grpc."):
+        return set()
+    return {"module:" + m for m in ("socket", "subprocess") if getattr(module, m, None) is sys.modules.get(m)}
 
 
 def _kernel_module(module) -> bool:
@@ -164,7 +177,8 @@ def pytest_collection_modifyitems(config, items):
                     names = names | got
                     if fdef.scope == "function":
                         own = own | got
-        if names & _INTEGRATION_NAMES or {"module:stack", "module:hostile_clients"} & names:
+        if names & _INTEGRATION_NAMES or {"module:stack", "module:hostile_clients", "module:socket",
+                                          "module:subprocess"} & names:
             item.add_marker(pytest.mark.integration)
         if own & _SLOW_NAMES:
             item.add_marker(pytest.mark.slow)
