@@ -80,7 +80,7 @@ def kernel_study(a, rec) -> list:
                 top=[{"name": n[:90], "us": round(v[0], 2), "per_fwd": v[1] / iters} for n, v in top])
         tables.append(r)
     gf.close()
-    del model
+    model = gf = None
     torch.cuda.empty_cache()
     return tables
 

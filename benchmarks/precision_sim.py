@@ -46,7 +46,6 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
     from benchmarks.model_speed import rows
-    from laya_grpc.core.netspec import SLIDING
     from laya_grpc.core.temperatures import Temperatures
     from laya_grpc.inference.torch_model import LayaTorch, _rotate_half
     torch.set_num_threads(a.threads)

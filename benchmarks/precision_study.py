@@ -173,7 +173,7 @@ def study(a, rec, torch, dev, cname: str, ckpt: str, timing: bool) -> list:
                     max_abs_dp=worst, max_abs_dp_act=worst_act, alone_vs_beside_dp=shift, times=times)
             table.append(r)
             pf.close()
-        except Exception as ex:  # a failing variant is a finding; the others still run
+        except Exception:  # a failing variant is a finding; the others still run
             import traceback
             rec("error", checkpoint=cname, name=name, error=traceback.format_exc()[-1500:])
         finally:

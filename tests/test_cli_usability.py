@@ -37,11 +37,9 @@ def test_predict_help_gives_the_requests_format():
 
 
 def test_predict_checks_the_requests_file_before_loading(tiny_ckpt, tmp_path):
-    t0 = time.perf_counter()
     r = cli("predict", "--checkpoint", tiny_ckpt, "--device", "cpu", str(tmp_path / "missing.jsonl"))
     assert r.returncode == 2 and "cannot read" in r.stderr
     assert "loaded" not in r.stderr, r.stderr   # the model was never loaded
-    assert time.perf_counter() - t0 < 60
 
 
 def _event(sequence: int, ready: bool, state=status_pb2.STATE_READY) -> decision_pb2.StatusEvent:

@@ -71,7 +71,7 @@ def test_small_request_goes_before_the_large_requests_next_chunk():
         co = InferCoalescer(call, first_chunk_tokens=10)
         large = asyncio.ensure_future(co.submit("c", rows_of([5] * 40)))   # 20 chunks of 2 rows
         await asyncio.sleep(0.03)   # its second chunk is running
-        small = await co.submit("c", rows_of([3]))
+        await co.submit("c", rows_of([3]))
         chunks_before_small = calls.index(1)
         resp, merged, start = await large
         return chunks_before_small, resp, merged

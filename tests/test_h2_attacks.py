@@ -10,13 +10,12 @@ import time
 import grpc
 import pytest
 
-h2 = pytest.importorskip("h2")
-import h2.config  # noqa: E402
-import h2.connection  # noqa: E402
-import h2.events  # noqa: E402
-import h2.exceptions  # noqa: E402
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
 
-from laya_grpc.client.requests import build_decide  # noqa: E402
+from laya_grpc.client.requests import build_decide
 from laya_grpc.core import memory, rpc  # noqa: E402
 from laya_proto.v1 import decision_pb2_grpc  # noqa: E402
 from stack import Stack  # noqa: E402

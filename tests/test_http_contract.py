@@ -104,10 +104,11 @@ def _backends():
         return ["torch"]
 
 
-@pytest.fixture(scope="module", params=_backends())
+@pytest.fixture(scope="module", params=["torch"])
 def gateway(request, checkpoints):
-    """env -> base URL of the real `laya-grpc serve` (tokenizer + inference + gateway) under that env;
-    the whole contract runs against the torch and the MLX backend (MLX on the CPU on Linux)."""
+    """env -> base URL of the real `laya-grpc serve` (tokenizer + inference + gateway) under that env,
+    on the torch backend; the decision tables also run against the app in process on the torch and
+    the MLX backend (test_http_contract_inprocess.py), and test_services_e2e.py serves MLX for real."""
     from stack import Stack
     stacks: dict = {}
 

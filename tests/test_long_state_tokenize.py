@@ -21,7 +21,7 @@ from laya_grpc.core.questions import parse_questions
 from laya_grpc.tokenizer import split_encode
 from laya_grpc.tokenizer.encoding import EncodeJob, TextEncoder
 from laya_grpc.tokenizer.special_tokens import load_tokenizer
-from laya_grpc.tokenizer.split_encode import FastEncoder, PieceIds, WholeTextEncoder, analyse, cut_points, split_text
+from laya_grpc.tokenizer.split_encode import FastEncoder, PieceIds, WholeTextEncoder, cut_points, split_text
 
 from tokenizers import Tokenizer
 

@@ -18,7 +18,6 @@ import grpc
 import pytest
 
 from stack import Stack, free_port
-from laya_grpc.client import LayaClient
 
 Q = {"u": {"type": "noul", "instructions": "Is this urgent?"}}
 BODY = {"state": "my card was charged twice, please help", "questions": Q, "model": "english"}

@@ -116,14 +116,35 @@ def _to_half_head(model):
         m.half()
 
 
-def test_served_precision_tracks_cpu_float32(tiny_ckpt):
+def _rms(a):
+    return float(np.sqrt(np.mean(np.square(a, dtype=np.float64))))
+
+
+def test_served_precision_tracks_cpu_float32(tiny_ckpt, monkeypatch):
     """fp16 weights, the packed forward: the served precision (float32 residual, Wo outputs, scorer,
-    act head) against everything in 16 bits as served before, both against CPU float32 (measured on
-    these rows: max |dlogit| 0.0054 against 0.0112). Asserted: at most 0.6 of the 16-bit error (the check fails
-    with the 16-bit precision, ratio 1). Float32 weights with
-    every GEMM split (the CUDA `--dtype float32` path): within 1e-4 of CPU float32 (measured 6e-6)."""
+    act head) against everything in 16 bits as served before, both against CPU float32.
+
+    Asserted, without any figure measured on one processor:
+    - every residual add of the served forward reads and writes float32 (x and the Wo output o),
+      and the final norm hands the head float32; the 16-bit settings fail here;
+    - the served error is smaller than the 16-bit error (RMS over every live logit). The 16-bit
+      path rounds at every point the served one does (the GEMMs' fp16 inputs, attention) and also
+      at each residual add, each Wo output and in the head: added independent rounding errors add
+      variance under any IEEE round-to-nearest, whatever the GEMMs' accumulation order. With the
+      16-bit settings both paths are the same computation and the strict inequality fails.
+    - float32 weights with every GEMM split (the CUDA `--dtype float32` path) are float32-accurate:
+      split GEMMs carry ~2^-21 relative error where the fp16 path rounds its GEMM inputs at 2^-11,
+      so through the same network the error scales down by 2^-10 to first order; bound: 2^-6 of
+      the served fp16 error (a 16x margin for the differing number of rounding points)."""
     ref = LayaTorch.from_checkpoint(tiny_ckpt)
-    rows = synthetic_rows(3, 60, 4, ref.spec.vocab_size, seed=1)
+    rows = synthetic_rows(6, 60, 4, ref.spec.vocab_size, seed=1)
+    adds = []
+    real_add = ck.add_layer_norm
+
+    def add_layer_norm(x, o, w, eps, out_dtype):
+        adds.append((x.dtype, o.dtype, out_dtype))
+        return real_add(x, o, w, eps, out_dtype=out_dtype)
+
     with torch.inference_mode():
         ref.use_fused_kernels()
         lr, ar = _packed(ref, rows)
@@ -131,8 +152,9 @@ def test_served_precision_tracks_cpu_float32(tiny_ckpt):
         assert served.scorer[1].weight.dtype == served.act_head[0].weight.dtype == torch.float32
         served.use_fused_kernels()
         assert served.precision == Precision.for_weights(torch.float16, "cpu")
-        assert served.precision.residual == served.precision.residual_gemm_out == torch.float32
+        monkeypatch.setattr(ck, "add_layer_norm", add_layer_norm)
         ls, as_ = _packed(served, rows)
+        monkeypatch.setattr(ck, "add_layer_norm", real_add)
         before = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float16)
         _to_half_head(before)
         before.use_fused_kernels(Precision.sixteen_bit(torch.float16))
@@ -140,7 +162,12 @@ def test_served_precision_tracks_cpu_float32(tiny_ckpt):
         exact = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float32)
         exact.use_fused_kernels(Precision(torch.float32, torch.float32, True, True))
         le, ae = _packed(exact, rows)
-    e_served, e_before = float(np.abs(ls - lr).max()), float(np.abs(lb - lr).max())
+    assert len(adds) == 2 * len(ref.encoder.layers) and adds[-1][2] == torch.float32, adds
+    assert all(x == o == torch.float32 for x, o, _ in adds), adds
     assert np.isfinite(ls).all() and np.isfinite(as_).all()
-    assert e_served <= 0.6 * e_before, (e_served, e_before)
-    assert float(np.abs(le - lr).max()) < 1e-4 and float(np.abs(ae - ar).max()) < 1e-4
+    live = np.abs(lr) < 1e3                                      # masked option slots hold -1e4
+    e_served, e_before = _rms((ls - lr)[live]), _rms((lb - lr)[live])
+    assert e_served < e_before, (e_served, e_before)
+    bound = 2 ** -6 * float(np.abs(ls - lr)[live].max())
+    assert float(np.abs(le - lr)[live].max()) < bound, bound
+    assert float(np.abs(ae - ar).max()) < 2 ** -6 * float(np.abs(as_ - ar).max()), bound

@@ -4,7 +4,6 @@ an environment variable or the default). --json prints them as one JSON object; 
 the reference table of every setting of every service instead (docs/configuration.md holds it)."""
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import sys

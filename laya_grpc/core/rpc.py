@@ -13,7 +13,7 @@ from typing import Awaitable, Callable, Iterable, Optional
 
 import grpc
 from google.protobuf import duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_status import rpc_status

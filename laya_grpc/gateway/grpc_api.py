@@ -13,10 +13,8 @@ RetryInfo and `retry-after` metadata.
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 from laya_grpc.core import logs, request_id, request_scope, rpc, streams
-from laya_grpc.core.errors import LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
 

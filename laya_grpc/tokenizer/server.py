@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import cpu_quota, draining, flags, ipc, logs, memory, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, logs, memory, metrics, request_id, rpc, streams, tracing
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
