@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from laya_grpc.cli.inprocess import InProcessServices
+from laya_grpc.engine.inprocess import InProcessServices
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.gateway.contract import parse_batch_body, parse_decide_body
-from laya_grpc.gateway.decider import Decider
+from laya_grpc.engine.decider import Decider
 from laya_grpc.gateway.settings import GatewaySettings
 from test_services_e2e import QUESTIONS, STATES, assert_close, router, upstream_body  # noqa: F401 - router is a fixture
 

@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.gateway.coalesce import InferCoalescer, join_responses, split_rows
+from laya_grpc.engine.coalesce import InferCoalescer, join_responses, split_rows
 from laya_proto.v1 import inference_pb2
 
 I32 = np.int32

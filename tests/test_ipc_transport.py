@@ -320,10 +320,10 @@ def test_a_stale_socket_file_is_replaced_and_a_live_one_refused(tmp_path):
 
 
 def test_replicas_keep_a_lone_caller_on_one_and_spread_calls_in_flight(tmp_path):
-    """The gateway's IPC replicas (gateway/remote.py, IpcReplicas): one call at a time always goes to
+    """The gateway's IPC replicas (engine/remote.py, IpcReplicas): one call at a time always goes to
     the first replica of the list (the others stay idle, not woken in turn); calls in flight together
     go to different replicas; once the first stops listening its calls are retried on the other."""
-    from laya_grpc.gateway.remote import IpcReplicas
+    from laya_grpc.engine.remote import IpcReplicas
     from laya_proto.v1 import tokens_pb2
     seen: dict = {0: [], 1: []}
     gate = asyncio.Event()

@@ -44,7 +44,7 @@ def _same(a: dict, b: dict, tol: float = 1e-4) -> bool:
 
 
 def test_a_batch_over_the_message_limit_is_answered_state_by_state_right(stack):
-    from laya_grpc.gateway.remote import reply_groups
+    from laya_grpc.engine.remote import reply_groups
     texts = [tokenizer_pb2.QuestionText(id=q, type="choice", instructions=v["instructions"], options=v["criteria"])
              for q, v in QUESTIONS.items()]
     states_json = [json.dumps(s) for s in STATES]

@@ -39,11 +39,11 @@ def test_real_tree_keeps_every_contract():
 
 @pytest.mark.parametrize("module,line,broken", [
     ("laya_grpc/core/errors.py", "import laya_grpc.gateway", "laya_grpc.core is not allowed to import laya_grpc.gateway"),
-    ("laya_grpc/gateway/decider.py", "from laya_grpc.inference import batcher",
+    ("laya_grpc/gateway/http_app.py", "from laya_grpc.inference import batcher",
      "laya_grpc.gateway is not allowed to import laya_grpc.inference"),
     ("laya_grpc/tokenizer/encoding.py", "from laya_grpc.cli import main",
      "laya_grpc.tokenizer is not allowed to import laya_grpc.cli"),
-    ("laya_grpc/gateway/decider.py", "import torch", "laya_grpc.gateway is not allowed to import torch"),
+    ("laya_grpc/gateway/http_app.py", "import torch", "laya_grpc.gateway is not allowed to import torch"),
     ("laya_grpc/client/client.py", "import mlx.core", "laya_grpc.client is not allowed to import mlx"),
 ])
 def test_planted_forbidden_import_fails(tmp_path, module, line, broken):

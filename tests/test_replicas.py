@@ -332,7 +332,7 @@ def child_with(stack: Stack, text: str) -> int:
 
 
 def test_endpoint_lists_and_dns_targets():
-    from laya_grpc.gateway.endpoints import parse_target
+    from laya_grpc.engine.endpoints import parse_target
     one = parse_target(["127.0.0.1:5"], "--inference")
     assert not one.balanced and one.grpc_target == "127.0.0.1:5"
     assert parse_target(["unix:/a.sock"], "--x").grpc_target == "unix:/a.sock"
@@ -350,7 +350,7 @@ def test_endpoint_lists_and_dns_targets():
 
 
 def test_deadline_bounds_backend_calls():
-    from laya_grpc.gateway import deadline
+    from laya_grpc.engine import deadline
     assert deadline.timeout(30.0) == 30.0
     with deadline.within(5.0):
         assert 4.0 < deadline.timeout(30.0) <= 5.0

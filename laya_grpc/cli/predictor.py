@@ -2,7 +2,7 @@
 
 `Predictor.predict` returns exactly what upstream laya 0.4.15's `Agent.predict` returns
 (`{"model", "answers", "usage"}`) through the gateway's own answer loop (`Decider.answer`) on
-in-process services (laya_grpc/cli/inprocess.py), so offline runs and tests exercise the served
+in-process services (laya_grpc/engine/inprocess.py), so offline runs and tests exercise the served
 code. Calls run on a private event loop (no new loop per call). The network backend is imported
 only when a Predictor is built, keeping this module free of torch at import time.
 """
@@ -17,10 +17,10 @@ from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.questions import parse_questions
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import open_source
-from laya_grpc.gateway.decider import Decider
+from laya_grpc.engine.decider import Decider
 from laya_grpc.gateway.settings import GatewaySettings
 
-from .inprocess import InProcessServices
+from laya_grpc.engine.inprocess import InProcessServices
 
 BACKENDS = ("torch", "mlx")
 

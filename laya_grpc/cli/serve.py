@@ -4,7 +4,7 @@ The embedded default deployment. Each service runs in its own process (text work
 competes with the device thread for the GIL); the supervisor restarts a child that dies, and
 the gateway's status stream reports it going down and coming back. With several inference
 replicas (`--inference-replicas`, or `--device` listing several devices) the gateway balances over
-them as over remote replicas (gateway/balancing.py): a dead or restarting one gets no calls.
+them as over remote replicas (engine/balancing.py): a dead or restarting one gets no calls.
 """
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     if n_gw > 1:
         gw.append("--reuse-port")
     for k in range(n_gw):
-        # a gateway calls the first idle backend of its list (gateway/remote.py, IpcReplicas):
+        # a gateway calls the first idle backend of its list (engine/remote.py, IpcReplicas):
         # each worker gets the lists rotated by its index, so their first choices differ
         argv = gw + ["--inference", ",".join(_rotated(inf_addrs, k))]
         for t in _rotated(tok_addrs, k):

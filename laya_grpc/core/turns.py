@@ -2,7 +2,7 @@
 service share.
 
 A request larger than a turn is cut by the gateway into chunks of about one turn of forward work
-(gateway/coalesce.py), and the inference service's batcher merges queued rows into one forward
+(engine/coalesce.py), and the inference service's batcher merges queued rows into one forward
 pass only up to about one turn (inference/batcher.py). So a small request arriving behind any
 number of large ones waits about one turn, and rows whose client went away stop costing device
 time within about one turn of the cancel: a forward that already runs cannot be interrupted, and

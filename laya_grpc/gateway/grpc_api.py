@@ -17,9 +17,9 @@ from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
 
-from . import deadline
+from laya_grpc.engine import deadline
 from .contract import parse_batch, parse_decide
-from .decider import Decider
+from laya_grpc.engine.decider import Decider
 from .http_app import UNAUTHORIZED_DETAIL
 from .render import render_json
 from .typed_answer import pack_result

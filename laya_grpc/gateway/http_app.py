@@ -30,9 +30,9 @@ from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core import timing
 
 from .admission import Admission, read_body
-from . import deadline
+from laya_grpc.engine import deadline
 from .contract import parse_batch_body, parse_decide_body
-from .decider import Decider
+from laya_grpc.engine.decider import Decider
 from .render import render_json
 from .settings import GatewaySettings
 

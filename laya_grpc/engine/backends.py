@@ -26,7 +26,7 @@ from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokeniz
 from .balancing import balanced_channel
 from .endpoints import BackendTarget
 
-log = logging.getLogger("laya_grpc.gateway.backends")
+log = logging.getLogger("laya_grpc.engine.backends")
 S = status_pb2
 TOKENIZER_SERVICE = tokenizer_pb2.DESCRIPTOR.services_by_name["TokenizerService"].full_name
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name

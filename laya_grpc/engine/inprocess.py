@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 from laya_grpc.core.checkpoint import Checkpoint
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.gateway.services import CheckpointInfo, Encoded, InferResult
+from .services import CheckpointInfo, Encoded, InferResult
 from laya_grpc.tokenizer.encoding import TextEncoder
 
 # A forward of more tokens than this is started without waiting for it (`start_rows`: queued on the

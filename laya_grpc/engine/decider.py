@@ -22,9 +22,9 @@ from laya_grpc.core.questions import Question
 from laya_grpc.core.routing import RouteTable, Routing, route
 from laya_grpc.core.temperatures import Temperatures
 
-from .contract import BatchRequest, Controls, DecideRequest
+from laya_grpc.gateway.contract import BatchRequest, Controls, DecideRequest
 from .services import Services
-from .settings import GatewaySettings
+from laya_grpc.gateway.settings import GatewaySettings
 
 # rows (states x questions) per chunk when a call's states go through the pipeline in chunks
 # (`Decider._pipelined`): enough for an efficient forward, few enough that the first chunk's
