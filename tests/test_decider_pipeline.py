@@ -14,13 +14,14 @@ import time
 
 import pytest
 
-from laya_grpc.engine.inprocess import InProcessServices
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.questions import parse_questions
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import open_source
 from laya_grpc.engine import decider as decider_mod
 from laya_grpc.engine.decider import Decider
+from laya_grpc.engine.inprocess import InProcessServices
+from laya_grpc.cli.predictor import encoder_of
 from laya_grpc.gateway.settings import GatewaySettings
 from laya_grpc.inference.runners import load_runner
 
@@ -74,7 +75,7 @@ def services(tiny_ckpt):
         s._record("forward", t0, rows.n)
         return out
     runner.run_rows = recorded
-    s.add("english", ckpt, runner)
+    s.add("english", ckpt, encoder_of(ckpt), runner)
     yield s
     runner.close()
 

@@ -16,10 +16,10 @@ from laya_grpc.core import request_id, request_scope, rpc, streams
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
-
 from laya_grpc.engine import deadline
-from .contract import parse_batch, parse_decide
 from laya_grpc.engine.decider import Decider
+
+from .contract import parse_batch, parse_decide
 from .http_app import UNAUTHORIZED_DETAIL
 from .render import render_json
 from .typed_answer import pack_result

@@ -28,11 +28,11 @@ from laya_grpc.core import metrics, request_scope
 from laya_grpc.core.errors import Kind, LayaError
 
 from laya_grpc.core import timing
+from laya_grpc.engine import deadline
+from laya_grpc.engine.decider import Decider
 
 from .admission import Admission, read_body
-from laya_grpc.engine import deadline
 from .contract import parse_batch_body, parse_decide_body
-from laya_grpc.engine.decider import Decider
 from .render import render_json
 from .settings import GatewaySettings
 

@@ -17,10 +17,11 @@ from laya_grpc.core.restart_counts import seed_backend_restarts
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import parse_checkpoint_specs
 from laya_proto.v1 import decision_pb2_grpc
-
-from .admission import Admission
 from laya_grpc.engine.decider import Decider
 from laya_grpc.engine.endpoints import parse_target, split_entries
+from laya_grpc.engine.remote import RemoteServices
+
+from .admission import Admission
 from .grpc_api import DecisionServicer, StatusServicer
 from .grpc_guards import public_server
 from .http_app import build_app
@@ -28,7 +29,6 @@ from .http_server import build_server
 from .listen import listen_socket, split_host_port
 from .options import add_arguments, add_gateway_flags  # noqa: F401 - the command's flags (cli/main.py)
 from .readiness import DECISION_SERVICE, STATUS_SERVICE, follow_readiness
-from laya_grpc.engine.remote import RemoteServices
 from .settings import GatewaySettings
 
 log = logging.getLogger("gateway")
