@@ -10,8 +10,9 @@ service's own model_ms/queue_ms. Point it at a `laya-grpc serve --run-dir DIR` s
 `--empty` instead measures one local hop's bare price: an empty call to a process that answers at
 once, over a gRPC stream (what the gateway used) and over IPC unix sockets (`laya_grpc/core/ipc.py`),
 sequential p50/p95 and calls/s with 64 callers (no stack needed). `--transport grpc|ipc` adds
-the two hops as the gateway makes them (`laya_grpc.bench.hops.hop_breakdown`) over that transport
-to the table: start the stack with the same `serve --local-transport`.
+the two hops made the way the gateway makes them (`laya_grpc.bench.hops.hop_breakdown`) over that
+transport to the table (serve's children take both: IPC from their gateway, gRPC streams on their
+sockets).
 
 `--inproc` also times the same request in this process (`laya_grpc.cli.predictor.Predictor`, torch CPU).
 On a small CPU-only machine start the stack with OMP_NUM_THREADS=1: torch's intra-op threads spin

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.streams import StreamMux
+from laya_grpc.core.calls import stream_mux
 from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from stack import Stack
 
@@ -59,8 +59,8 @@ async def _clients(stack):
     ich = grpc.aio.insecure_channel(_sock(stack, "inference.sock"))
     tok = tokenizer_pb2_grpc.TokenizerServiceStub(tch)
     inf = inference_pb2_grpc.InferenceServiceStub(ich)
-    return (tch, ich, tok, inf, StreamMux(tok.TokenizeStream, tokenizer_pb2.TokenizeCall, "tokenizer service"),
-            StreamMux(inf.InferStream, inference_pb2.InferCall, "inference service"))
+    return (tch, ich, tok, inf, stream_mux(tok.TokenizeStream, tokenizer_pb2.TokenizeCall, "tokenizer service"),
+                                           stream_mux(inf.InferStream, inference_pb2.InferCall, "inference service"))
 
 
 def test_streamed_calls_equal_unary_calls_and_errors_keep_their_kind(stack):
@@ -146,8 +146,8 @@ def test_a_call_that_gets_no_answer_times_out_and_the_caller_is_freed():
         port = srv.add_insecure_port("127.0.0.1:0")
         await srv.start()
         ch = grpc.aio.insecure_channel("127.0.0.1:%d" % port)
-        mux = StreamMux(tokenizer_pb2_grpc.TokenizerServiceStub(ch).TokenizeStream, tokenizer_pb2.TokenizeCall,
-                        "tokenizer service")
+        mux = stream_mux(tokenizer_pb2_grpc.TokenizerServiceStub(ch).TokenizeStream, tokenizer_pb2.TokenizeCall,
+                         "tokenizer service")
         try:
             t0 = time.monotonic()
             with pytest.raises(LayaError) as err:
@@ -174,8 +174,8 @@ def test_loads_under_max_loaded_never_evict_a_checkpoint_in_use(tiny_ckpt, tiny_
             tch = grpc.aio.insecure_channel(_sock(s, "tokenizer-0.sock"))
             ich = grpc.aio.insecure_channel(_sock(s, "inference.sock"))
             tok = tokenizer_pb2_grpc.TokenizerServiceStub(tch)
-            imux = StreamMux(inference_pb2_grpc.InferenceServiceStub(ich).InferStream, inference_pb2.InferCall,
-                             "inference service")
+            imux = stream_mux(inference_pb2_grpc.InferenceServiceStub(ich).InferStream, inference_pb2.InferCall,
+                              "inference service")
             try:
                 reqs = []
                 for name in ("english", "multilingual", "third"):

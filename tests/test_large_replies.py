@@ -68,8 +68,8 @@ def test_an_oversize_ipc_reply_fails_only_its_call(stack):
                                           questions_json=json.dumps(QUESTIONS))
 
     async def main():
-        mux = ipc.IpcMux("ipc://" + os.path.join(stack.run_dir, "tokenizer-0.ipc"), tokenizer_pb2.TokenizeCall,
-                         tokenizer_pb2.TokenizeReply, "tokenizer service")
+        mux = ipc.mux("ipc://" + os.path.join(stack.run_dir, "tokenizer-0.ipc"), tokenizer_pb2.TokenizeCall,
+                      tokenizer_pb2.TokenizeReply, "tokenizer service")
         try:
             with pytest.raises(LayaError) as err:
                 await mux.call(big, 30)

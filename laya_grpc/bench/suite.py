@@ -49,9 +49,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--soak", env="LAYA_BENCH_SOAK", default=None, type=int,
               help="random-length requests the engine answers before its memory is read again (10,000 by "
                    "default: ~30-60 s on an H200)")
-    flags.add(p, "--transports", env="LAYA_BENCH_TRANSPORTS", default="ipc",
-              help="comma list of serve --local-transport values (ipc, grpc): the service stage runs once per "
-                   "transport, side by side in one report with a per-hop table each")
     flags.add(p, "--replicas", env="LAYA_BENCH_REPLICAS", default="1,2",
               help="comma list of serve --inference-replicas values the replicas stage compares, each run alone on "
                    "--device: a second replica on the same device overlaps one replica's host work with the "
@@ -157,12 +154,11 @@ def run(a) -> int:
                 failed.append(st)
             continue
         if st == "service":
-            for tr in [t for t in a.transports.split(",") if t]:
-                try:
-                    run_service(a, lambda target, kind, **f: rec(target, kind, transport=tr, **f), ckpt, "english", tr)
-                except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
-                    rec("service", "error", transport=tr, detail="%s: %s" % (type(e).__name__, e))
-                    failed.append("%s (%s)" % (st, tr))
+            try:
+                run_service(a, lambda target, kind, **f: rec(target, kind, transport="ipc", **f), ckpt, "english")
+            except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
+                rec("service", "error", transport="ipc", detail="%s: %s" % (type(e).__name__, e))
+                failed.append(st)
             continue
         cmd = [sys.executable, "-m", "laya_grpc.bench.inproc", st, "--ckpt", ckpt, "--out", path, "--device", a.device,
                "--backend", a.backend, "--dtype", a.dtype, "--iters", str(a.iters), "--soak", str(a.soak), "--parity-n", str(a.parity_n),

@@ -44,11 +44,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--metrics", env="LAYA_METRICS", default=None, metavar="HOST:PORT",
               help="one Prometheus endpoint for every process of this serve (each family exported by the "
                    "service it describes, summed across gateway and tokenizer workers; off by default)")
-    flags.add(p, "--local-transport", env="LAYA_LOCAL_TRANSPORT", default="ipc", choices=["ipc", "grpc"],
-              help="how the gateway sends Tokenize and Infer calls to the children: 'ipc' = length-framed "
-                   "contract messages on unix sockets (one thread wake-up a message, the least per-request "
-                   "overhead), 'grpc' = gRPC streams over unix sockets (to compare); health and status always "
-                   "use gRPC")
     draining.add_flag(p)
     add_observability_flags(p)
     flags.add(p, "--run-dir", env="LAYA_RUN_DIR", default=None,
@@ -79,7 +74,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     infs = ["unix:" + os.path.join(run_dir, n + ".sock") for n in names]
     grace = ["--drain-grace-s", str(args.drain_grace_s)]
     children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t] + ck + grace
-                      + local_ipc(args, run_dir, "tokenizer-%d" % i)[0]) for i, t in enumerate(toks)]
+                      + local_ipc(run_dir, "tokenizer-%d" % i)[0]) for i, t in enumerate(toks)]
     inference = me + ["inference", "--backend", args.backend,
                       "--dtype", args.dtype, "--max-loaded", str(args.max_loaded),
                       "--max-batch-tokens", str(args.max_batch_tokens), "--max-batch-rows", str(args.max_batch_rows),
@@ -92,14 +87,14 @@ def child_argvs(args: argparse.Namespace, run_dir: str) -> list:
     if args.no_warmup:
         inference.append("--no-warmup")
     for name, inf, device in zip(names, infs, devices):
-        children.append(Child(name, inference + ["--listen", inf, "--device", device] + local_ipc(args, run_dir, name)[0]))
-    inf_addrs = [local_ipc(args, run_dir, n)[1] or i for n, i in zip(names, infs)]
-    tok_addrs = [local_ipc(args, run_dir, "tokenizer-%d" % i)[1] or t for i, t in enumerate(toks)]
+        children.append(Child(name, inference + ["--listen", inf, "--device", device] + local_ipc(run_dir, name)[0]))
+    inf_addrs = [local_ipc(run_dir, n)[1] for n in names]
+    tok_addrs = [local_ipc(run_dir, "tokenizer-%d" % i)[1] for i in range(len(toks))]
     gw = me + ["gateway", "--http", args.http, "--grpc", args.grpc] + ck + grace
     if n_gw > 1:
         gw.append("--reuse-port")
     for k in range(n_gw):
-        # a gateway calls the first idle backend of its list (engine/remote.py, IpcReplicas):
+        # a gateway calls the first idle backend of its list (engine/remote.py, Replicas):
         # each worker gets the lists rotated by its index, so their first choices differ
         argv = gw + ["--inference", ",".join(_rotated(inf_addrs, k))]
         for t in _rotated(tok_addrs, k):
@@ -113,11 +108,9 @@ def _rotated(items: list, k: int) -> list:
     return items[k:] + items[:k]
 
 
-def local_ipc(args: argparse.Namespace, run_dir: str, name: str) -> tuple:
-    """(the child's extra flags, the gateway's address for it) when calls go over IPC (core/ipc.py); the
-    child keeps its gRPC socket NAME.sock for health and status."""
-    if args.local_transport != "ipc":
-        return [], None
+def local_ipc(run_dir: str, name: str) -> tuple:
+    """(the child's extra flags, the gateway's address for it): its Tokenize or Infer calls go over
+    IPC (core/ipc.py); the child keeps its gRPC socket NAME.sock for health and status."""
     endpoint = "ipc://" + os.path.join(run_dir, name + ".ipc")
     return ["--ipc", endpoint], ipc.address(endpoint, "unix:" + os.path.join(run_dir, name + ".sock"))
 

@@ -12,7 +12,7 @@ import hmac
 import time
 from typing import Optional
 
-from laya_grpc.core import request_id, request_scope, rpc, streams
+from laya_grpc.core import calls, request_id, request_scope, rpc
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
@@ -70,8 +70,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 async with self.admission.slot():   # over the limit: this call's reply is the 503 (UNAVAILABLE)
                     self.admission.trim.add(request.ByteSize())
                     return await self._decide(request, denied)
-        await streams.serve_calls(request_iterator, context, one,
-                                  decision_pb2.DecideReply, tokens_pb2.CallError, "Decide")
+        await calls.serve_calls(request_iterator, context, one,
+                                decision_pb2.DecideReply, tokens_pb2.CallError, "Decide")
 
     async def _decide(self, request, denied: Optional[LayaError]):
         if denied is not None:

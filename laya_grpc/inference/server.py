@@ -15,7 +15,8 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, memory, metrics, request_id, rpc, tracing
+from laya_grpc.core.calls import serve_calls
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, add_observability_flags, clamp_heartbeat, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
@@ -59,8 +60,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         return await self.infer(request)
 
     async def InferStream(self, request_iterator, context):
-        await streams.serve_calls(request_iterator, context, self.infer, inference_pb2.InferReply,
-                                  tokens_pb2.CallError, "Infer")
+        await serve_calls(request_iterator, context, self.infer, inference_pb2.InferReply,
+                          tokens_pb2.CallError, "Infer")
 
     async def infer(self, request) -> inference_pb2.InferResponse:
         request_id.begin(",".join(o.request_id for o in request.origins))   # this call's own task

@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import draining, flags, ipc, memory, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, memory, metrics, request_id, rpc, tracing
+from laya_grpc.core.calls import serve_calls
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import add_observability_flags, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
@@ -79,8 +80,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
         return await self.tokenize(request)
 
     async def TokenizeStream(self, request_iterator, context):
-        await streams.serve_calls(request_iterator, context, self.tokenize, tokenizer_pb2.TokenizeReply,
-                                  tokens_pb2.CallError, "Tokenize")
+        await serve_calls(request_iterator, context, self.tokenize, tokenizer_pb2.TokenizeReply,
+                          tokens_pb2.CallError, "Tokenize")
 
     async def tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
         request_id.begin(request.origin.request_id)   # this call's own task: its log lines carry the id
