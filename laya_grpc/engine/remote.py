@@ -35,8 +35,8 @@ from .services import CheckpointInfo, Encoded, InferResult
 
 S = status_pb2
 # The task of the request whose context this is. An Infer call carries that request's deadline only
-# when it runs in that task, which then sends that request's rows alone (all of them, or one chunk
-# of a large request: coalesce.py): a call that merges several requests' rows runs in a helper task
+# when it runs in that task, which then sends that request's rows alone (coalesce.py): a call that
+# merges several requests' rows runs in a helper task
 # (a context copied from another request, possibly one long answered), so it is bounded by
 # infer_timeout_s and each of its requests by its own backend calls.
 _OWN_TASK: contextvars.ContextVar = contextvars.ContextVar("laya_own_task", default=None)
