@@ -9,7 +9,6 @@ this way; its answers equal upstream's in test_services_e2e.py.)
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -20,7 +19,8 @@ import pytest
 
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.calls import stream_mux
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+from laya_grpc.core.question_wire import tokenize_request
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from stack import Stack
 
 STATES = ["My phone arrived broken and I want my money back today.", "Where is my parcel?",
@@ -37,8 +37,7 @@ def stack(tiny_ckpt):
 
 
 def _tok_req(state, checkpoint="english") -> tokenizer_pb2.TokenizeRequest:
-    return tokenizer_pb2.TokenizeRequest(checkpoint=checkpoint, states_json=[json.dumps(state)],
-                                         questions_json=json.dumps(QUESTIONS))
+    return tokenize_request(tokenizer_pb2.TokenizeRequest, checkpoint, [state], QUESTIONS)
 
 
 def _run(coro):
@@ -71,7 +70,7 @@ def test_streamed_calls_equal_unary_calls_and_errors_keep_their_kind(stack):
             streamed = await asyncio.gather(*[tmux.call(_tok_req(s), 30) for s in STATES * 3])
             for i, r in enumerate(streamed):   # concurrent calls each got their own answer
                 assert r.rows.ids == unary[i % len(STATES)].rows.ids
-                assert r.usage_json == unary[i % len(STATES)].usage_json
+                assert r.usage == unary[i % len(STATES)].usage
 
             # an error is the unary call's error, and the stream keeps serving
             with pytest.raises(grpc.aio.AioRpcError) as unary_err:
@@ -140,7 +139,7 @@ def test_a_call_that_gets_no_answer_times_out_and_the_caller_is_freed():
             async for _ in calls:
                 pass
         srv = grpc.aio.server()
-        srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("laya_proto.v1.TokenizerService", {
+        srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("laya_proto.internal.v1.TokenizerService", {
             "TokenizeStream": grpc.stream_stream_rpc_method_handler(
                 silent, tokenizer_pb2.TokenizeCall.FromString, tokenizer_pb2.TokenizeReply.SerializeToString)})])
         port = srv.add_insecure_port("127.0.0.1:0")

@@ -9,7 +9,6 @@ call's timeout. The gateway's answers over IPC equal upstream's in test_services
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import threading
@@ -21,7 +20,8 @@ import pytest
 
 from laya_grpc.core import ipc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+from laya_grpc.core.question_wire import tokenize_request
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from stack import Stack
 
 QUESTIONS = {"intent": {"type": "choice", "instructions": "What does the customer want?",
@@ -38,8 +38,7 @@ def stack(tiny_ckpt):
 
 
 def _tok_req(state, checkpoint="english") -> tokenizer_pb2.TokenizeRequest:
-    return tokenizer_pb2.TokenizeRequest(checkpoint=checkpoint, states_json=[json.dumps(state)],
-                                         questions_json=json.dumps(QUESTIONS))
+    return tokenize_request(tokenizer_pb2.TokenizeRequest, checkpoint, [state], QUESTIONS)
 
 
 def _ipc(stack, name: str) -> str:
@@ -68,7 +67,7 @@ def test_ipc_calls_equal_unary_calls_and_errors_keep_their_kind(stack):
             got = await asyncio.gather(*[tmux.call(_tok_req(s), 30) for s in STATES * 3])
             for i, r in enumerate(got):   # concurrent calls each got their own answer
                 assert r.rows.ids == unary[i % len(STATES)].rows.ids
-                assert r.usage_json == unary[i % len(STATES)].usage_json
+                assert r.usage == unary[i % len(STATES)].usage
 
             with pytest.raises(grpc.aio.AioRpcError) as unary_err:
                 await tok.Tokenize(_tok_req("x", checkpoint="nope"))

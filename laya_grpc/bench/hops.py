@@ -21,7 +21,9 @@ import tempfile
 import time
 
 from laya_grpc.core import calls, ipc, rpc
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc, tokens_pb2
+from laya_grpc.core.question_wire import tokenize_request
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+from laya_proto.v1 import tokens_pb2
 
 from . import raw_http
 from .stats import summary_ms
@@ -135,8 +137,7 @@ def hop_breakdown(run_dir: str, transport: str, state, questions: dict, model: s
     async def main():
         tmux, tch = _tok_mux(transport, *addr("tokenizer-0"))
         imux, ich = _inf_mux(transport, *addr("inference"))
-        treq = tokenizer_pb2.TokenizeRequest(checkpoint=model, states_json=[json.dumps(state)],
-                                             questions_json=json.dumps(questions))
+        treq = tokenize_request(tokenizer_pb2.TokenizeRequest, model, [state], questions)
         parts = {k: [] for k in ("tokenizer_hop", "tokenize_server", "tokenizer_transport", "inference_hop",
                                  "queue_wait", "model", "inference_transport")}
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,7 +22,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from laya_grpc.core import rpc
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokenizer_pb2
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2
+from laya_proto.v1 import status_pb2
 
 from .balancing import balanced_channel
 from .endpoints import BackendTarget

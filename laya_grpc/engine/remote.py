@@ -23,8 +23,9 @@ from laya_grpc.core import calls, ipc, request_id, rpc, timing, tracing
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.question_wire import question_to_text
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokenizer_pb2, tokenizer_pb2_grpc
+from laya_grpc.core.question_wire import StateText, question_to_text, state_of, usage_from_proto
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+from laya_proto.v1 import status_pb2
 
 from . import coalesce, deadline
 from .backends import BackendWatch
@@ -50,14 +51,14 @@ TOKENIZE_REPLY_BUDGET = min(16 * 1024 * 1024, rpc.MAX_MESSAGE_BYTES // 4)
 _BYTES_PER_TOKEN = 12   # ids, and for parallel-option checkpoints position and option ids (int32 each)
 
 
-def reply_groups(states_json: Sequence[str], texts: Sequence[Any], row_cap: int,
+def reply_groups(states: Sequence[StateText], texts: Sequence[Any], row_cap: int,
                  budget: int = TOKENIZE_REPLY_BUDGET) -> list:
     """Consecutive groups of state indices whose Tokenize replies stay within the budget. A row's
     tokens are bounded by its characters (UTF-8 bytes) and by the row cap, when known."""
     longest_q = max((t.ByteSize() for t in texts), default=0) + 16
     groups, cur, size = [], [], 0
-    for i, s in enumerate(states_json):
-        row = len(s.encode("utf-8", "surrogatepass")) + longest_q
+    for i, s in enumerate(states):
+        row = len(s.text.encode("utf-8", "surrogatepass")) + longest_q
         est = len(texts) * (min(row, row_cap) if row_cap else row) * _BYTES_PER_TOKEN
         if cur and size + est > budget:
             groups.append(cur)
@@ -162,25 +163,27 @@ class RemoteServices(BackendWatch):
     # -- Services -------------------------------------------------------------------------
     async def tokenize(self, checkpoint: str, states: Sequence[Any], questions: Sequence[Any],
                        max_len: Optional[int], head_max_len: Optional[int]) -> list[Encoded]:
-        states_json = [json.dumps(s, ensure_ascii=False) for s in states]
+        states = [state_of(s) for s in states]   # each state's text, rendered once here
         texts = []
         for q in questions:
             texts.append(tokenizer_pb2.QuestionText())
             question_to_text(q, texts[-1])
-        if len(states_json) == 1:   # the usual request: nothing to split (one state's rows stay far below)
-            return await self._tokenize(checkpoint, states_json, texts, max_len, head_max_len)
+        if len(states) == 1:   # the usual request: nothing to split (one state's rows stay far below)
+            return await self._tokenize(checkpoint, states, questions, texts, max_len, head_max_len)
         st = self._checkpoint_status(checkpoint)
-        groups = reply_groups(states_json, texts, max_len or (st.max_row_tokens if st is not None else 0))
+        groups = reply_groups(states, texts, max_len or (st.max_row_tokens if st is not None else 0))
         if len(groups) == 1:
-            return await self._tokenize(checkpoint, states_json, texts, max_len, head_max_len)
+            return await self._tokenize(checkpoint, states, questions, texts, max_len, head_max_len)
         out = []   # one call at a time: other requests' tokenize calls get their turn between them
         for g in groups:
-            out += await self._tokenize(checkpoint, [states_json[i] for i in g], texts, max_len, head_max_len)
+            out += await self._tokenize(checkpoint, [states[i] for i in g], questions, texts, max_len, head_max_len)
         return out
 
-    async def _tokenize(self, checkpoint: str, states_json: list, texts: list, max_len: Optional[int],
-                        head_max_len: Optional[int]) -> list[Encoded]:
-        req = tokenizer_pb2.TokenizeRequest(checkpoint=checkpoint, states_json=states_json)
+    async def _tokenize(self, checkpoint: str, states: list, questions: Sequence[Any], texts: list,
+                        max_len: Optional[int], head_max_len: Optional[int]) -> list[Encoded]:
+        req = tokenizer_pb2.TokenizeRequest(checkpoint=checkpoint)
+        for s in states:
+            req.states.add(text=s.text, keep_end=s.keep_end)
         req.questions.extend(texts)
         if max_len is not None:
             req.max_len = max_len
@@ -191,8 +194,9 @@ class RemoteServices(BackendWatch):
         timing.add("tokenize_server", resp.tokenize_ms)
         rows = PackedRows.from_proto(resp.rows)
         per = resp.rows_per_state
-        return [Encoded(rows.take(range(k * per, (k + 1) * per)), json.loads(u))
-                for k, u in enumerate(resp.usage_json)]
+        order = [q.qid for q in questions]
+        return [Encoded(rows.take(range(k * per, (k + 1) * per)), usage_from_proto(u, order))
+                for k, u in enumerate(resp.usage)]
 
     async def infer(self, checkpoint: str, rows) -> InferResult:
         packed = PackedRows.concat(list(rows)) if isinstance(rows, (list, tuple)) else rows

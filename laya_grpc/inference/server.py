@@ -20,8 +20,8 @@ from laya_grpc.core.calls import serve_calls
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, add_observability_flags, clamp_heartbeat, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.decode import softmax_f32
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokens_pb2
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc
+from laya_proto.v1 import status_pb2, tokens_pb2
 
 from .batcher import Batcher
 from .registry import Registry
@@ -89,11 +89,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         metrics.QUEUE_SECONDS.observe(res.queue_ms / 1e3)
         tracing.record_batched([o.traceparent for o in request.origins], call_start, res.queue_ms, res.model_ms,
                                checkpoint=slot.name, batch_rows=res.batch_rows, call_rows=rows.n)
-        probs = [softmax_f32(lg / np.float32(slot.temps.for_question(q, len(lg))))
-                 for lg, q in zip(res.logits, rows.qtypes.tolist())]
         return inference_pb2.InferResponse(
             logits=np.concatenate(res.logits).astype("<f4").tobytes(),
-            probabilities=np.concatenate(probs).astype("<f4").tobytes(),
             act_logits=res.act_logits.astype("<f4").tobytes(), n_act=int(res.act_logits.shape[1]),
             device=device, dtype=dtype, queue_ms=res.queue_ms,
             model_ms=res.model_ms, batch_rows=res.batch_rows)
