@@ -1,4 +1,4 @@
-"""Gateway->backend calls multiplexed on one stream (TokenizeStream, InferStream; laya_grpc/core/streams.py).
+"""Gateway->backend calls multiplexed on one stream (TokenizeStream, InferStream; laya_grpc/core/calls.py).
 
 Against the real tokenizer and inference processes of a `serve` stack: a streamed call answers
 exactly what the unary call answers, errors keep their kind and detail and leave the stream
