@@ -56,6 +56,7 @@ class TimedRunner:
 
 
 def run_batcher(runner, body, **kw) -> None:
+    """`await body(batcher)` on a started Batcher over `runner`; stopped afterwards."""
     async def main():
         b = Batcher(lambda name: runner, lambda name: 0, length_multiple=1, **kw)
         b.start()
