@@ -15,8 +15,9 @@ forward: its first rows, then the rest goes back to the end of the queue, behind
 that arrived meanwhile. So a small request arriving behind any number of large ones waits about
 one turn, and the rows of a request whose client went away (it is dropped from the queue when
 cancelled) stop costing device time within about one turn: a running forward cannot be stopped.
-Short forwards teach nothing (a GPU at ordinary load never reaches the cap, and its speed per token
-at small batches would underrate large ones), except those of at least half the turn learned so far. This is the one place where a request's rows are cut
+Short forwards teach nothing: a GPU at ordinary load never reaches the cap, and its speed per token
+at small batches (where a forward's fixed cost dominates) would underrate large ones and shrink
+every later forward further. This is the one place where a request's rows are cut
 by device time; the gateway forwards them whole.
 All framework work stays on this thread (MLX requires it; torch releases the GIL in kernels),
 with one exception: the inline turn.
@@ -183,11 +184,7 @@ class Batcher:
         return None if cost is None else max(1, int(cost))
 
     def _learn(self, checkpoint: str, cost: int, model_ms: float) -> None:
-        """Long forwards teach the speed, and so do forwards of at least half the turn known so far
-        (a turn learned on a slow forward, say the first after a warm-up, would otherwise keep every
-        forward too short to correct it)."""
-        turn = self.turn_cost(checkpoint)
-        if cost > 0 and (model_ms >= TURN_MS / 2 or (turn is not None and cost >= turn / 2)):
+        if model_ms >= TURN_MS / 2 and cost > 0:
             self._speed.observe(checkpoint, model_ms, cost)
 
     def _may_inline(self, job: _Job) -> bool:
