@@ -76,7 +76,7 @@ def main(argv=None) -> int:
 def timeline(pred, states: list, questions: dict, rows_per_chunk: int, iters: int) -> dict:
     """The pipelined call with chunks of `rows_per_chunk` rows: its p50, and when each stage ran in
     the last call (stages wrapped for the measurement, then restored)."""
-    from laya_grpc.gateway import decider
+    from laya_grpc.engine import decider
     services, runner = pred.decider.services, pred.runner
     spans, t0 = [], [0.0]
 

@@ -5,7 +5,6 @@
 #   profile  kernel time per name in one forward; start-up cold/warm Triton cache (benchmarks/gpu_profile.py)
 #   model  model time per encoder mode, warm-set capture, parity (benchmarks/model_speed.py, large preset)
 #   bench  the side-by-side suite: upstream eager, our engine, gRPC, HTTP (`laya-grpc bench`);
-#          TRANSPORTS=grpc,ipc runs the service stage once per local transport (per-hop table each);
 #          STAGES=...,replicas adds serve --inference-replicas N on the one GPU for N in REPLICAS (default 1,2),
 #          at 8 and 64 HTTP clients: decisions/s and p95 side by side
 #   precision  accuracy and time per float32 part of the fused forward (benchmarks/precision_study.py), on the
@@ -52,6 +51,6 @@ case ",$PHASES," in *,model,*)
     | grep -v '^{' ;;
 esac
 case ",$PHASES," in *,bench,*)
-  timeout ${BENCH_TIMEOUT:-480} python3 -m laya_grpc.cli bench --out $OUT --work-dir /tmp/lb --stages ${STAGES:-engine,upstream,service} --transports ${TRANSPORTS:-ipc} --replicas ${REPLICAS:-1,2} 2>&1 | grep -v '"kind": "latency"' | tail -60
+  timeout ${BENCH_TIMEOUT:-480} python3 -m laya_grpc.cli bench --out $OUT --work-dir /tmp/lb --stages ${STAGES:-engine,upstream,service} --replicas ${REPLICAS:-1,2} 2>&1 | grep -v '"kind": "latency"' | tail -60
   python3 -m laya_grpc.bench.report $OUT ;;
 esac

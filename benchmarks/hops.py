@@ -10,8 +10,9 @@ service's own model_ms/queue_ms. Point it at a `laya-grpc serve --run-dir DIR` s
 `--empty` instead measures one local hop's bare price: an empty call to a process that answers at
 once, over a gRPC stream (what the gateway used) and over IPC unix sockets (`laya_grpc/core/ipc.py`),
 sequential p50/p95 and calls/s with 64 callers (no stack needed). `--transport grpc|ipc` adds
-the two hops as the gateway makes them (`laya_grpc.bench.hops.hop_breakdown`) over that transport
-to the table: start the stack with the same `serve --local-transport`.
+the two hops made the way the gateway makes them (`laya_grpc.bench.hops.hop_breakdown`) over that
+transport to the table (serve's children take both: IPC from their gateway, gRPC streams on their
+sockets).
 
 `--inproc` also times the same request in this process (`laya_grpc.cli.predictor.Predictor`, torch CPU).
 On a small CPU-only machine start the stack with OMP_NUM_THREADS=1: torch's intra-op threads spin
@@ -31,9 +32,8 @@ import numpy as np
 
 from laya_grpc.bench import raw_http
 from laya_grpc.core import rpc
-from laya_grpc.core.questions import parse_questions
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
-from laya_grpc.core.question_wire import question_to_text
+from laya_grpc.core.question_wire import tokenize_request
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 
 STATE = "My phone arrived broken and I want my money back today."
 QUESTIONS = {"angry": {"type": "noul", "instructions": "Is the customer angry?"}}
@@ -82,9 +82,7 @@ def main() -> None:
         grpc.insecure_channel("unix:" + os.path.join(a.run_dir, "tokenizer-0.sock"), options=rpc.CHANNEL_OPTIONS))
     inf = inference_pb2_grpc.InferenceServiceStub(
         grpc.insecure_channel("unix:" + os.path.join(a.run_dir, "inference.sock"), options=rpc.CHANNEL_OPTIONS))
-    treq = tokenizer_pb2.TokenizeRequest(checkpoint=a.checkpoint, states_json=[json.dumps(STATE)])
-    for q in parse_questions(QUESTIONS):
-        question_to_text(q, treq.questions.add())
+    treq = tokenize_request(tokenizer_pb2.TokenizeRequest, a.checkpoint, [STATE], QUESTIONS)
     ireq = inference_pb2.InferRequest(checkpoint=a.checkpoint)
     ireq.rows.CopyFrom(tok.Tokenize(treq).rows)
     client = LayaClient(a.grpc)

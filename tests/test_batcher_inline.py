@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from laya_grpc.inference.batcher import INLINE_MAX_COST, Batcher
-from test_fair_chunks import rows_of
+from laya_grpc.inference.batcher import INLINE_MAX_COST
+from test_fair_chunks import rows_of, run_batcher
 
 
 class RecordingRunner:
@@ -40,18 +40,6 @@ class RecordingRunner:
 def _check_answer(res, lengths):
     for i, (lg, n) in enumerate(zip(res.logits, lengths)):
         assert lg[0] % 1000 < res.batch_rows and lg[0] // 1000 == n, (i, lg, n)
-
-
-def run_batcher(runner, body) -> None:
-    """`await body(batcher)` on a started Batcher over `runner`; stopped afterwards."""
-    async def main():
-        b = Batcher(lambda name: runner, lambda name: 0, length_multiple=1)
-        b.start()
-        try:
-            await body(b)
-        finally:
-            b.stop()
-    asyncio.run(main())
 
 
 def test_a_lone_short_request_runs_on_the_loop_thread():

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from laya_grpc.cli.inprocess import InProcessServices
+from laya_grpc.cli.predictor import load_services
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.gateway.contract import parse_batch_body, parse_decide_body
-from laya_grpc.gateway.decider import Decider
+from laya_grpc.engine.decider import Decider
 from laya_grpc.gateway.settings import GatewaySettings
 from test_services_e2e import QUESTIONS, STATES, assert_close, router, upstream_body  # noqa: F401 - router is a fixture
 
@@ -20,7 +20,7 @@ from test_services_e2e import QUESTIONS, STATES, assert_close, router, upstream_
 @pytest.fixture(scope="module")
 def decider(tiny_ckpt, tiny_ml_ckpt):
     sources = {"english": tiny_ckpt, "multilingual": tiny_ml_ckpt}
-    return Decider(InProcessServices.load(sources), RouteTable.build(sources), GatewaySettings())
+    return Decider(load_services(sources), RouteTable.build(sources), GatewaySettings())
 
 
 def _run(coro):

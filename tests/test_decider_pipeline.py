@@ -14,13 +14,14 @@ import time
 
 import pytest
 
-from laya_grpc.cli.inprocess import InProcessServices
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.questions import parse_questions
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import open_source
-from laya_grpc.gateway import decider as decider_mod
-from laya_grpc.gateway.decider import Decider
+from laya_grpc.engine import decider as decider_mod
+from laya_grpc.engine.decider import Decider
+from laya_grpc.engine.inprocess import InProcessServices
+from laya_grpc.cli.predictor import encoder_of
 from laya_grpc.gateway.settings import GatewaySettings
 from laya_grpc.inference.runners import load_runner
 
@@ -74,7 +75,7 @@ def services(tiny_ckpt):
         s._record("forward", t0, rows.n)
         return out
     runner.run_rows = recorded
-    s.add("english", ckpt, runner)
+    s.add("english", ckpt, encoder_of(ckpt), runner)
     yield s
     runner.close()
 
@@ -86,7 +87,7 @@ def _answer(services, states, questions=QUESTIONS):
 
 def test_chunks_overlap_and_answers_keep_their_order(services, monkeypatch):
     monkeypatch.setattr(decider_mod, "PIPELINE_ROWS", 16)   # 8 states (x 2 questions) a chunk
-    monkeypatch.setattr("laya_grpc.cli.inprocess.STARTED_TOKENS", 0)   # every forward started, none run inline
+    monkeypatch.setattr("laya_grpc.engine.inprocess.STARTED_TOKENS", 0)   # every forward started, none run inline
     states = _states(40)
     services.log.clear()
     got = _answer(services, states)

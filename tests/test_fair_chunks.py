@@ -1,18 +1,24 @@
-"""The gateway's fair scheduling without processes: a large request's rows go to inference as
-chunks of bounded tokens, one at a time, so a small request sent meanwhile is called before the
-large one's next chunk; a cancelled large request sends no further chunk; the chunks' answers
-join back into exactly what one call would have answered."""
+"""Fair scheduling in the inference batcher, on its own device thread with a stand-in runner whose
+forward takes a known time per token: a request larger than a turn runs one part per forward, its
+rest behind the requests that arrived meanwhile, so a small request sent meanwhile runs before the
+large one's next part; a cancelled large request runs no further part; the parts' answers join
+back into exactly what one forward would have answered; the part size follows the speed the
+forwards showed. The gateway forwards a large request's rows whole (no cutting there)."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import numpy as np
 
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.gateway.coalesce import InferCoalescer, join_responses, split_rows
-from laya_proto.v1 import inference_pb2
+from laya_grpc.core.turns import TURN_MS
+from laya_grpc.engine.coalesce import InferCoalescer
+from laya_grpc.inference.batcher import Batcher
 
 I32 = np.int32
+MS_PER_TOKEN = TURN_MS / 1000.0   # 1,000 tokens take one turn
 
 
 def rows_of(lengths, markers=2) -> PackedRows:
@@ -24,95 +30,122 @@ def rows_of(lengths, markers=2) -> PackedRows:
     return PackedRows(ids=ids, row_offsets=off, markers=mk, marker_offsets=moff, qtypes=np.zeros(len(lengths), I32))
 
 
-def fake_response(rows: PackedRows, n_act: int = 3) -> inference_pb2.InferResponse:
-    """Each row's logits and act logits are its position in `rows` plus 1000 x its length, so a
-    row answered from the wrong place shows."""
-    tag = np.arange(rows.n, dtype=np.float32) + 1000 * rows.lengths.astype(np.float32)
-    logits = np.concatenate([np.full(int(c), t, np.float32) for c, t in zip(rows.marker_counts, tag)])
-    act = np.repeat(tag[:, None], n_act, axis=1)
-    return inference_pb2.InferResponse(logits=logits.astype("<f4").tobytes(), act_logits=act.astype("<f4").tobytes(),
-                                       n_act=n_act, device="cpu", dtype="float32")
+def tagged_rows(n: int, length: int, first: int = 0) -> PackedRows:
+    """n rows of `length` tokens whose first token is the row's number (from `first`)."""
+    rows = rows_of([length] * n)
+    rows.ids[rows.row_offsets[:-1]] = np.arange(first, first + n, dtype=I32)
+    return rows
 
 
-def test_split_rows_bounds_tokens_and_keeps_every_row_in_order():
-    rows = rows_of([5, 7, 3, 9, 2, 40, 1])
-    chunks = split_rows(rows, 12)
-    assert [c.n for c in chunks] == [2, 2, 1, 1, 1]   # 5+7 | 3+9 | 2 | 40 (alone: longer than the bound) | 1
-    assert np.array_equal(np.concatenate([c.lengths for c in chunks]), rows.lengths)
-    assert all(int(c.lengths.sum()) <= 12 or c.n == 1 for c in chunks)
-    assert split_rows(rows, 10_000) == [rows]
+class TimedRunner:
+    """Sleeps as a forward of its padded cost would take at MS_PER_TOKEN; answers each row with its
+    first token (its number), so a row answered from the wrong place shows; records each forward."""
+    packing = None
+
+    def __init__(self) -> None:
+        self.forwards: list[tuple] = []   # (rows, first row's number)
+        self._lock = threading.Lock()
+
+    def run_rows(self, rows, pad_id, pad_to):
+        tag = rows.ids[rows.row_offsets[:-1]].astype(np.float32)
+        with self._lock:
+            self.forwards.append((rows.n, int(tag[0])))
+        time.sleep(rows.n * pad_to * MS_PER_TOKEN / 1e3)
+        k = int(rows.marker_counts.max())
+        return np.repeat(tag[:, None], k, axis=1), np.repeat(tag[:, None], 3, axis=1)
 
 
-def test_joined_chunks_answer_as_one_call():
-    rows = rows_of([4, 6, 8, 3, 5], markers=3)
-    parts, expected_logits, expected_act = [], [], []
-    for chunk in split_rows(rows, 10):
-        merged = PackedRows.concat([rows_of([2]), chunk])   # shared with another request's row first
-        resp = fake_response(merged)
-        parts.append((resp, merged, 1, chunk.n))
-        lg = np.frombuffer(resp.logits, "<f4")
-        expected_logits.append(lg[int(merged.marker_offsets[1]):])
-        expected_act.append(np.frombuffer(resp.act_logits, "<f4").reshape(merged.n, 3)[1:])
-    joined = join_responses(parts, rows)
-    assert np.array_equal(np.frombuffer(joined.logits, "<f4"), np.concatenate(expected_logits))
-    assert np.array_equal(np.frombuffer(joined.act_logits, "<f4").reshape(rows.n, 3), np.concatenate(expected_act))
-    assert len(np.frombuffer(joined.logits, "<f4")) == int(rows.marker_counts.sum()) and joined.n_act == 3
+def run_batcher(runner, body, **kw) -> None:
+    """`await body(batcher)` on a started Batcher over `runner`; stopped afterwards."""
+    async def main():
+        b = Batcher(lambda name: runner, lambda name: 0, length_multiple=1, **kw)
+        b.start()
+        try:
+            await body(b)
+        finally:
+            b.stop()
+    asyncio.run(main())
 
 
-def test_small_request_goes_before_the_large_requests_next_chunk():
-    calls = []
+def test_small_request_runs_before_the_large_requests_next_part():
+    runner = TimedRunner()
 
-    async def call(checkpoint, rows):
-        calls.append(rows.n)
-        await asyncio.sleep(0.02)
-        return fake_response(rows)   # no model_ms: the chunk size stays the first one
+    async def body(b):
+        await b.submit("m", tagged_rows(10, 100))   # one turn: the speed is learned from it
+        runner.forwards.clear()
+        large = asyncio.ensure_future(b.submit("m", tagged_rows(40, 100)))   # four turns
+        await asyncio.sleep(TURN_MS / 2e3)   # its first part is running
+        small = await b.submit("m", tagged_rows(1, 10, first=1000))
+        res = await large
+        assert [float(lg[0]) for lg in res.logits] == list(range(40))   # every row its own answer, in order
+        assert small.logits[0][0] == 1000
 
-    async def go():
-        co = InferCoalescer(call, first_chunk_tokens=10)
-        large = asyncio.ensure_future(co.submit("c", rows_of([5] * 40)))   # 20 chunks of 2 rows
-        await asyncio.sleep(0.03)   # its second chunk is running
-        await co.submit("c", rows_of([3]))
-        chunks_before_small = calls.index(1)
-        resp, merged, start = await large
-        return chunks_before_small, resp, merged
-    before, resp, merged = asyncio.run(go())
-    assert before <= 2, before            # before: all 20 chunks' rows went ahead of it in one call
-    assert merged.n == 40 and len(resp.act_logits) == 40 * 3 * 4
+    run_batcher(runner, body)
+    # before: the large request held the device for its whole batch (all four turns ahead of it)
+    assert [t for _, t in runner.forwards].index(1000) <= 1, runner.forwards
+    assert max(n for n, _ in runner.forwards) <= 13, runner.forwards   # about a turn a forward
 
 
-def test_cancelled_large_request_sends_no_further_chunk():
-    calls = []
+def test_cancelled_large_request_runs_no_further_part():
+    runner = TimedRunner()
 
-    async def call(checkpoint, rows):
-        calls.append(rows.n)
-        await asyncio.sleep(0.02)
-        return fake_response(rows)
-
-    async def go():
-        co = InferCoalescer(call, first_chunk_tokens=10)
-        large = asyncio.ensure_future(co.submit("c", rows_of([5] * 40)))
-        await asyncio.sleep(0.05)
+    async def body(b):
+        await b.submit("m", tagged_rows(10, 100))
+        runner.forwards.clear()
+        large = asyncio.ensure_future(b.submit("m", tagged_rows(100, 100)))   # ten turns
+        await asyncio.sleep(TURN_MS * 1.5 / 1e3)
         large.cancel()
-        sent = len(calls)
-        await asyncio.sleep(0.1)
-        return sent, len(calls)
-    sent, later = asyncio.run(go())
-    assert sent == later and sent < 5, (sent, later)
+        await asyncio.sleep(TURN_MS * 3 / 1e3)
+        assert len(runner.forwards) <= 3, runner.forwards
+        after = await b.submit("m", tagged_rows(1, 10, first=7))   # the device is free again
+        assert after.batch_rows == 1
+
+    run_batcher(runner, body)
 
 
-def test_chunk_size_follows_the_measured_device_speed():
-    sizes = []
+def test_parts_answer_as_one_forward_and_follow_the_token_budget():
+    runner = TimedRunner()
+
+    async def body(b):
+        res = await b.submit("m", tagged_rows(20, 10))   # 200 tokens, 50-token forwards (2 ms: no turn learned)
+        assert b.turn_cost("m") is None
+        assert [float(lg[0]) for lg in res.logits] == list(range(20))
+        assert res.act_logits.shape == (20, 3) and list(res.act_logits[:, 0]) == list(range(20))
+        assert res.batch_rows == 5
+
+    run_batcher(runner, body, max_batch_tokens=50)
+    assert [n for n, _ in runner.forwards] == [5, 5, 5, 5], runner.forwards
+
+
+def test_part_size_follows_the_measured_speed():
+    runner = TimedRunner()
+
+    async def body(b):
+        await b.submit("m", tagged_rows(20, 100))   # 2,000 tokens: two turns in one forward (budget)
+        turn = b.turn_cost("m")
+        assert turn is not None and 500 <= turn <= 1000, turn   # sleeps overshoot
+        runner.forwards.clear()
+        await b.submit("m", tagged_rows(40, 100))
+
+    run_batcher(runner, body, max_batch_tokens=2000)
+    # a turn and a quarter at most per forward once the speed is known: 12 rows of 100 tokens
+    assert all(n <= 12 for n, _ in runner.forwards) and sum(n for n, _ in runner.forwards) == 40, runner.forwards
+
+
+def test_the_gateway_sends_a_large_request_whole_and_beside_the_lanes():
+    calls = []
 
     async def call(checkpoint, rows):
-        sizes.append(int(rows.lengths.sum()))
-        resp = fake_response(rows)
-        resp.model_ms, resp.batch_rows = 0.5 * float(rows.lengths.sum()), rows.n   # 0.5 ms a token
-        return resp
+        calls.append(rows.n)
+        await asyncio.sleep(0.02)
+        return rows.n
 
     async def go():
-        co = InferCoalescer(call, chunk_ms=50.0, first_chunk_tokens=400)
-        resp, merged, _ = await co.submit("c", rows_of([10] * 100))
-        return co, resp, merged
-    co, resp, merged = asyncio.run(go())
-    assert sizes == [400, 250, 250, 100], sizes   # 50 ms / 0.5 ms = 100 tokens -> the 256 floor, in whole rows
-    assert co.chunk_tokens("c") == 256 and merged.n == 100
+        co = InferCoalescer(call, max_inflight=1, max_rows=16)
+        large = asyncio.ensure_future(co.submit("c", rows_of([5] * 4000)))
+        await asyncio.sleep(0)
+        small = await co.submit("c", rows_of([3]))   # not held behind the large one's slot
+        return await large, small
+    (resp, merged, start), small = asyncio.run(go())
+    assert resp == 4000 and merged.n == 4000 and start == 0 and small[0] == 1
+    assert sorted(calls) == [1, 4000], calls

@@ -263,7 +263,7 @@ def test_decide_stream_answers_and_fails_exactly_as_decide(stack):
     Decide's kind and detail, and the stream keeps serving after errors."""
     import asyncio
     from laya_grpc.core.errors import LayaError
-    from laya_grpc.core.streams import StreamMux
+    from laya_grpc.core.calls import stream_mux
     reqs = []
     for body in list(HAPPY.values()) + list(ERRORS.values()):
         raw = _encode(body)
@@ -283,7 +283,7 @@ def test_decide_stream_answers_and_fails_exactly_as_decide(stack):
     async def main():
         ch = grpc.aio.insecure_channel(stack.grpc)
         aio = decision_pb2_grpc.DecisionServiceStub(ch)
-        mux = StreamMux(lambda: aio.DecideStream(metadata=stack.md), decision_pb2.DecideCall, "gateway")
+        mux = stream_mux(lambda: aio.DecideStream(metadata=stack.md), decision_pb2.DecideCall, "gateway")
 
         async def one(req):
             try:
@@ -344,7 +344,7 @@ def test_unreachable_backend_names_no_address(tmp_path):
     address gRPC's own message names, unary and streamed alike."""
     import asyncio
     from laya_grpc.core import rpc
-    from laya_grpc.core.streams import StreamMux
+    from laya_grpc.core.calls import stream_mux
     from laya_grpc.core.errors import LayaError
     sock = str(tmp_path / "gone.sock")
     with grpc.insecure_channel("unix:" + sock) as ch:
@@ -357,8 +357,8 @@ def test_unreachable_backend_names_no_address(tmp_path):
 
     async def streamed():
         ch = rpc.channel(sock)
-        mux = StreamMux(lambda: decision_pb2_grpc.DecisionServiceStub(ch).DecideStream(), decision_pb2.DecideCall,
-                        "gateway")
+        mux = stream_mux(lambda: decision_pb2_grpc.DecisionServiceStub(ch).DecideStream(), decision_pb2.DecideCall,
+                         "gateway")
         try:
             await mux.call(decision_pb2.DecideRequest(), 5)
         finally:

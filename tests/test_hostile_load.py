@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from hostile_clients import SMALL, large_batch
+from laya_grpc.core.question_wire import tokenize_request
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
 from stack import Stack
 
@@ -224,11 +225,10 @@ def test_a_tokenizer_still_loading_answers_busy_not_not_found():
     from concurrent.futures import ThreadPoolExecutor
     from laya_grpc.core.errors import Kind, LayaError
     from laya_grpc.tokenizer.server import TokenizerServicer
-    from laya_proto.v1 import tokenizer_pb2
+    from laya_proto.internal.v1 import tokenizer_pb2
     with ThreadPoolExecutor(1) as pool:
         servicer = TokenizerServicer({}, pool)
-        req = tokenizer_pb2.TokenizeRequest(checkpoint="english", states_json=['"hi"'],
-                                            questions_json=json.dumps(SMALL["questions"]))
+        req = tokenize_request(tokenizer_pb2.TokenizeRequest, "english", ["hi"], SMALL["questions"])
         with pytest.raises(LayaError) as starting:
             asyncio.run(servicer.tokenize(req))
         assert starting.value.kind is Kind.BUSY, starting.value.detail

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from laya_grpc.gateway.coalesce import InferCoalescer
+from laya_grpc.engine.coalesce import InferCoalescer
 from laya_grpc.gateway.contract import may_hold_lone_surrogate, load_json
 from laya_grpc.client.answers import response_dict
 from laya_grpc.gateway.typed_answer import pack_result

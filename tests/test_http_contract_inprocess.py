@@ -9,28 +9,40 @@ import pytest
 
 pytest.importorskip("laya")
 
-from laya_grpc.cli.inprocess import InProcessServices  # noqa: E402
+from laya_grpc.cli.predictor import load_services  # noqa: E402
+from laya_grpc.core import flags  # noqa: E402
 from laya_grpc.core.routing import RouteTable  # noqa: E402
-from laya_grpc.gateway.decider import Decider  # noqa: E402
+from laya_grpc.engine.decider import Decider  # noqa: E402
+from laya_grpc.gateway.admission import Admission  # noqa: E402
 from laya_grpc.gateway.http_app import build_app  # noqa: E402
+from laya_grpc.gateway.policy import Auth, Policy  # noqa: E402
+from laya_grpc.gateway.readiness import Readiness  # noqa: E402
 from laya_grpc.gateway.settings import GatewaySettings  # noqa: E402
 from test_http_contract import (BATCH, ERRORS, HAPPY, _backends, checkpoints, compare, upstream,  # noqa: E402,F401
                                 upstream_router)
+
+
+def gateway_settings(env: dict) -> GatewaySettings:
+    """The gateway's settings as `laya-grpc gateway` resolves them under `env`, with no flags."""
+    p = flags.Parser(prog="gateway")
+    flags.add_settings(p, GatewaySettings)
+    return flags.finish(p, p.parse_args([]), env=env).settings
 
 
 @pytest.fixture(scope="module", params=_backends())
 def app(request, checkpoints):  # noqa: F811 - the fixture imported above
     """env -> a client on our HTTP app built under that environment, over in-process services."""
     from starlette.testclient import TestClient
-    services = InProcessServices.load(checkpoints, backend=request.param)
+    services = load_services(checkpoints, backend=request.param)
     clients: dict = {}
 
     def get(env: dict | None = None):
         key = tuple(sorted((env or {}).items()))
         if key not in clients:
-            settings = GatewaySettings.from_env(dict(env or {}))
+            settings = gateway_settings(dict(env or {}))
             decider = Decider(services, RouteTable.build(checkpoints, settings.default_model), settings)
-            clients[key] = TestClient(build_app(decider, settings), follow_redirects=False).__enter__()
+            policy = Policy(Auth(settings.api_key), Admission(settings.admission), Readiness(services))
+            clients[key] = TestClient(build_app(decider, settings, policy), follow_redirects=False).__enter__()
         return clients[key]
 
     yield get

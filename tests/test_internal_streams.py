@@ -1,4 +1,4 @@
-"""Gateway->backend calls multiplexed on one stream (TokenizeStream, InferStream; laya_grpc/core/streams.py).
+"""Gateway->backend calls multiplexed on one stream (TokenizeStream, InferStream; laya_grpc/core/calls.py).
 
 Against the real tokenizer and inference processes of a `serve` stack: a streamed call answers
 exactly what the unary call answers, errors keep their kind and detail and leave the stream
@@ -9,7 +9,6 @@ this way; its answers equal upstream's in test_services_e2e.py.)
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -19,8 +18,9 @@ import numpy as np
 import pytest
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.streams import StreamMux
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+from laya_grpc.core.calls import stream_mux
+from laya_grpc.core.question_wire import tokenize_request
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from stack import Stack
 
 STATES = ["My phone arrived broken and I want my money back today.", "Where is my parcel?",
@@ -37,8 +37,7 @@ def stack(tiny_ckpt):
 
 
 def _tok_req(state, checkpoint="english") -> tokenizer_pb2.TokenizeRequest:
-    return tokenizer_pb2.TokenizeRequest(checkpoint=checkpoint, states_json=[json.dumps(state)],
-                                         questions_json=json.dumps(QUESTIONS))
+    return tokenize_request(tokenizer_pb2.TokenizeRequest, checkpoint, [state], QUESTIONS)
 
 
 def _run(coro):
@@ -59,8 +58,8 @@ async def _clients(stack):
     ich = grpc.aio.insecure_channel(_sock(stack, "inference.sock"))
     tok = tokenizer_pb2_grpc.TokenizerServiceStub(tch)
     inf = inference_pb2_grpc.InferenceServiceStub(ich)
-    return (tch, ich, tok, inf, StreamMux(tok.TokenizeStream, tokenizer_pb2.TokenizeCall, "tokenizer service"),
-            StreamMux(inf.InferStream, inference_pb2.InferCall, "inference service"))
+    return (tch, ich, tok, inf, stream_mux(tok.TokenizeStream, tokenizer_pb2.TokenizeCall, "tokenizer service"),
+                                           stream_mux(inf.InferStream, inference_pb2.InferCall, "inference service"))
 
 
 def test_streamed_calls_equal_unary_calls_and_errors_keep_their_kind(stack):
@@ -71,7 +70,7 @@ def test_streamed_calls_equal_unary_calls_and_errors_keep_their_kind(stack):
             streamed = await asyncio.gather(*[tmux.call(_tok_req(s), 30) for s in STATES * 3])
             for i, r in enumerate(streamed):   # concurrent calls each got their own answer
                 assert r.rows.ids == unary[i % len(STATES)].rows.ids
-                assert r.usage_json == unary[i % len(STATES)].usage_json
+                assert r.usage == unary[i % len(STATES)].usage
 
             # an error is the unary call's error, and the stream keeps serving
             with pytest.raises(grpc.aio.AioRpcError) as unary_err:
@@ -140,14 +139,14 @@ def test_a_call_that_gets_no_answer_times_out_and_the_caller_is_freed():
             async for _ in calls:
                 pass
         srv = grpc.aio.server()
-        srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("laya_proto.v1.TokenizerService", {
+        srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("laya_proto.internal.v1.TokenizerService", {
             "TokenizeStream": grpc.stream_stream_rpc_method_handler(
                 silent, tokenizer_pb2.TokenizeCall.FromString, tokenizer_pb2.TokenizeReply.SerializeToString)})])
         port = srv.add_insecure_port("127.0.0.1:0")
         await srv.start()
         ch = grpc.aio.insecure_channel("127.0.0.1:%d" % port)
-        mux = StreamMux(tokenizer_pb2_grpc.TokenizerServiceStub(ch).TokenizeStream, tokenizer_pb2.TokenizeCall,
-                        "tokenizer service")
+        mux = stream_mux(tokenizer_pb2_grpc.TokenizerServiceStub(ch).TokenizeStream, tokenizer_pb2.TokenizeCall,
+                         "tokenizer service")
         try:
             t0 = time.monotonic()
             with pytest.raises(LayaError) as err:
@@ -174,8 +173,8 @@ def test_loads_under_max_loaded_never_evict_a_checkpoint_in_use(tiny_ckpt, tiny_
             tch = grpc.aio.insecure_channel(_sock(s, "tokenizer-0.sock"))
             ich = grpc.aio.insecure_channel(_sock(s, "inference.sock"))
             tok = tokenizer_pb2_grpc.TokenizerServiceStub(tch)
-            imux = StreamMux(inference_pb2_grpc.InferenceServiceStub(ich).InferStream, inference_pb2.InferCall,
-                             "inference service")
+            imux = stream_mux(inference_pb2_grpc.InferenceServiceStub(ich).InferStream, inference_pb2.InferCall,
+                              "inference service")
             try:
                 reqs = []
                 for name in ("english", "multilingual", "third"):

@@ -9,7 +9,6 @@ call's timeout. The gateway's answers over IPC equal upstream's in test_services
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import threading
@@ -21,7 +20,8 @@ import pytest
 
 from laya_grpc.core import ipc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+from laya_grpc.core.question_wire import tokenize_request
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from stack import Stack
 
 QUESTIONS = {"intent": {"type": "choice", "instructions": "What does the customer want?",
@@ -38,8 +38,7 @@ def stack(tiny_ckpt):
 
 
 def _tok_req(state, checkpoint="english") -> tokenizer_pb2.TokenizeRequest:
-    return tokenizer_pb2.TokenizeRequest(checkpoint=checkpoint, states_json=[json.dumps(state)],
-                                         questions_json=json.dumps(QUESTIONS))
+    return tokenize_request(tokenizer_pb2.TokenizeRequest, checkpoint, [state], QUESTIONS)
 
 
 def _ipc(stack, name: str) -> str:
@@ -61,14 +60,14 @@ def test_ipc_calls_equal_unary_calls_and_errors_keep_their_kind(stack):
     async def main():
         tch, ich = grpc.aio.insecure_channel(_grpc(stack, "tokenizer-0")), grpc.aio.insecure_channel(_grpc(stack, "inference"))
         tok, inf = tokenizer_pb2_grpc.TokenizerServiceStub(tch), inference_pb2_grpc.InferenceServiceStub(ich)
-        tmux = ipc.IpcMux(_ipc(stack, "tokenizer-0"), tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply, "tokenizer service")
-        imux = ipc.IpcMux(_ipc(stack, "inference"), inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        tmux = ipc.mux(_ipc(stack, "tokenizer-0"), tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply, "tokenizer service")
+        imux = ipc.mux(_ipc(stack, "inference"), inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
         try:
             unary = [await tok.Tokenize(_tok_req(s)) for s in STATES]
             got = await asyncio.gather(*[tmux.call(_tok_req(s), 30) for s in STATES * 3])
             for i, r in enumerate(got):   # concurrent calls each got their own answer
                 assert r.rows.ids == unary[i % len(STATES)].rows.ids
-                assert r.usage_json == unary[i % len(STATES)].usage_json
+                assert r.usage == unary[i % len(STATES)].usage
 
             with pytest.raises(grpc.aio.AioRpcError) as unary_err:
                 await tok.Tokenize(_tok_req("x", checkpoint="nope"))
@@ -107,8 +106,8 @@ def test_ipc_calls_equal_unary_calls_and_errors_keep_their_kind(stack):
 
 def test_a_call_to_a_socket_nobody_listens_on_fails_busy_quickly(tmp_path):
     async def main():
-        mux = ipc.IpcMux("ipc://%s/none.ipc" % tmp_path, tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply,
-                         "tokenizer service")
+        mux = ipc.mux("ipc://%s/none.ipc" % tmp_path, tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply,
+                      "tokenizer service")
         t0 = time.monotonic()
         with pytest.raises(LayaError) as err:
             await mux.call(_tok_req("x"), 30)
@@ -195,7 +194,7 @@ def test_a_call_given_up_is_cancelled_on_the_server(tmp_path):
         endpoint = "ipc://" + str(tmp_path / "calls.ipc")
         server = ipc.IpcServer(endpoint, lambda r: quick(r) if r.checkpoint == "quick" else handle(r),
                                inference_pb2.InferCall, inference_pb2.InferReply, tokens_pb2.CallError, "Infer").start()
-        mux = ipc.IpcMux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        mux = ipc.mux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
         try:
             with pytest.raises(LayaError) as timed_out:
                 await mux.call(inference_pb2.InferRequest(checkpoint="timeout"), 0.2)
@@ -240,8 +239,8 @@ def test_a_caller_that_goes_away_has_its_calls_cancelled_and_others_keep_theirs(
     async def main():
         endpoint = "ipc://" + str(tmp_path / "calls.ipc")
         server = _echo_server(endpoint, started, stopped).start()
-        gone = ipc.IpcMux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
-        stays = ipc.IpcMux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        gone = ipc.mux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        stays = ipc.mux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
         try:
             lost = [asyncio.ensure_future(gone.call(inference_pb2.InferRequest(checkpoint="slow-%d" % i), 30))
                     for i in range(3)]
@@ -275,7 +274,7 @@ def test_a_frame_over_the_message_limit_closes_only_that_connection(tmp_path):
     async def main():
         endpoint = "ipc://" + str(tmp_path / "calls.ipc")
         server = _echo_server(endpoint, started, stopped).start()
-        mux = ipc.IpcMux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        mux = ipc.mux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
         try:
             assert (await mux.call(inference_pb2.InferRequest(checkpoint="before"), 5)).device == "before"
             loop = asyncio.get_running_loop()
@@ -306,7 +305,7 @@ def test_a_stale_socket_file_is_replaced_and_a_live_one_refused(tmp_path):
     async def main():
         endpoint = "ipc://" + str(path)
         server = _echo_server(endpoint, [], []).start()
-        mux = ipc.IpcMux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        mux = ipc.mux(endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
         try:
             assert (await mux.call(inference_pb2.InferRequest(checkpoint="x"), 5)).device == "x"
             with pytest.raises(LayaError) as err:
@@ -320,10 +319,10 @@ def test_a_stale_socket_file_is_replaced_and_a_live_one_refused(tmp_path):
 
 
 def test_replicas_keep_a_lone_caller_on_one_and_spread_calls_in_flight(tmp_path):
-    """The gateway's IPC replicas (gateway/remote.py, IpcReplicas): one call at a time always goes to
+    """The gateway's replica picker (engine/remote.py, Replicas) over IPC: one call at a time always goes to
     the first replica of the list (the others stay idle, not woken in turn); calls in flight together
     go to different replicas; once the first stops listening its calls are retried on the other."""
-    from laya_grpc.gateway.remote import IpcReplicas
+    from laya_grpc.engine.remote import Replicas
     from laya_proto.v1 import tokens_pb2
     seen: dict = {0: [], 1: []}
     gate = asyncio.Event()
@@ -340,8 +339,8 @@ def test_replicas_keep_a_lone_caller_on_one_and_spread_calls_in_flight(tmp_path)
         endpoints = ["ipc://" + str(tmp_path / ("replica-%d.ipc" % k)) for k in range(2)]
         servers = [ipc.IpcServer(e, handler(k), inference_pb2.InferCall, inference_pb2.InferReply, tokens_pb2.CallError,
                                  "Infer").start() for k, e in enumerate(endpoints)]
-        links = [ipc.Link.parse(ipc.address(e, "unix:" + str(tmp_path / "unused.sock"))) for e in endpoints]
-        replicas = IpcReplicas(links, [], inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+        replicas = Replicas([ipc.mux(e, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
+                             for e in endpoints], [])
         try:
             for n in range(6):
                 assert (await replicas.call(inference_pb2.InferRequest(checkpoint="one-%d" % n), 5)).device == "0"

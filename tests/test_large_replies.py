@@ -9,7 +9,6 @@ Here the limit is lowered (LAYA_GRPC_MAX_MESSAGE_BYTES) so small batches exercis
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 
 import httpx
@@ -17,7 +16,8 @@ import pytest
 
 from laya_grpc.core import ipc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_proto.v1 import tokenizer_pb2
+from laya_grpc.core.question_wire import state_of, tokenize_request
+from laya_proto.internal.v1 import tokenizer_pb2
 from stack import Stack
 
 LIMIT = 300_000   # bytes per internal message in this stack
@@ -44,12 +44,12 @@ def _same(a: dict, b: dict, tol: float = 1e-4) -> bool:
 
 
 def test_a_batch_over_the_message_limit_is_answered_state_by_state_right(stack):
-    from laya_grpc.gateway.remote import reply_groups
+    from laya_grpc.engine.remote import reply_groups
     texts = [tokenizer_pb2.QuestionText(id=q, type="choice", instructions=v["instructions"], options=v["criteria"])
              for q, v in QUESTIONS.items()]
-    states_json = [json.dumps(s) for s in STATES]
-    assert len(reply_groups(states_json, texts, 0)) == 1   # the default budget: one call
-    assert len(reply_groups(states_json, texts, 0, budget=LIMIT // 4)) > 1   # this stack's: several
+    states = [state_of(s) for s in STATES]
+    assert len(reply_groups(states, texts, 0)) == 1   # the default budget: one call
+    assert len(reply_groups(states, texts, 0, budget=LIMIT // 4)) > 1   # this stack's: several
     with httpx.Client(timeout=120) as c:
         r = c.post(stack.http + "/v1/systemone/batch", json={"model": "english", "states": STATES, "questions": QUESTIONS})
         assert r.status_code == 200, r.text
@@ -62,14 +62,12 @@ def test_a_batch_over_the_message_limit_is_answered_state_by_state_right(stack):
 
 
 def test_an_oversize_ipc_reply_fails_only_its_call(stack):
-    big = tokenizer_pb2.TokenizeRequest(checkpoint="english", states_json=[json.dumps(s) for s in STATES],
-                                        questions_json=json.dumps(QUESTIONS))
-    small = tokenizer_pb2.TokenizeRequest(checkpoint="english", states_json=[json.dumps("hello")],
-                                          questions_json=json.dumps(QUESTIONS))
+    big = tokenize_request(tokenizer_pb2.TokenizeRequest, "english", STATES, QUESTIONS)
+    small = tokenize_request(tokenizer_pb2.TokenizeRequest, "english", ["hello"], QUESTIONS)
 
     async def main():
-        mux = ipc.IpcMux("ipc://" + os.path.join(stack.run_dir, "tokenizer-0.ipc"), tokenizer_pb2.TokenizeCall,
-                         tokenizer_pb2.TokenizeReply, "tokenizer service")
+        mux = ipc.mux("ipc://" + os.path.join(stack.run_dir, "tokenizer-0.ipc"), tokenizer_pb2.TokenizeCall,
+                      tokenizer_pb2.TokenizeReply, "tokenizer service")
         try:
             with pytest.raises(LayaError) as err:
                 await mux.call(big, 30)

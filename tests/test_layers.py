@@ -34,16 +34,20 @@ def _copy_with(tmp_path: Path, module: str, line: str) -> Path:
 def test_real_tree_keeps_every_contract():
     r = _lint(ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "2 kept, 0 broken" in r.stdout, r.stdout
+    assert "3 kept, 0 broken" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("module,line,broken", [
     ("laya_grpc/core/errors.py", "import laya_grpc.gateway", "laya_grpc.core is not allowed to import laya_grpc.gateway"),
-    ("laya_grpc/gateway/decider.py", "from laya_grpc.inference import batcher",
+    ("laya_grpc/gateway/http_app.py", "from laya_grpc.inference import batcher",
      "laya_grpc.gateway is not allowed to import laya_grpc.inference"),
     ("laya_grpc/tokenizer/encoding.py", "from laya_grpc.cli import main",
      "laya_grpc.tokenizer is not allowed to import laya_grpc.cli"),
-    ("laya_grpc/gateway/decider.py", "import torch", "laya_grpc.gateway is not allowed to import torch"),
+    ("laya_grpc/gateway/http_app.py", "import torch", "laya_grpc.gateway is not allowed to import torch"),
+    ("laya_grpc/engine/decider.py", "import laya_grpc.gateway.http_app", "laya_grpc.engine is not allowed to import laya_grpc.gateway"),
+    ("laya_grpc/engine/inprocess.py", "from laya_grpc.tokenizer import encoding",
+     "laya_grpc.engine is not allowed to import laya_grpc.tokenizer"),
+    ("laya_grpc/engine/remote.py", "import torch", "laya_grpc.engine is not allowed to import torch"),
     ("laya_grpc/client/client.py", "import mlx.core", "laya_grpc.client is not allowed to import mlx"),
 ])
 def test_planted_forbidden_import_fails(tmp_path, module, line, broken):

@@ -18,7 +18,9 @@ import grpc
 import pytest
 
 from laya_grpc.core import memory
-from laya_proto.v1 import decision_pb2, decision_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+from laya_grpc.core.question_wire import tokenize_request
+from laya_proto.internal.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from laya_proto.v1 import decision_pb2, decision_pb2_grpc
 
 from stack import ROOT, Stack, free_port
 
@@ -125,9 +127,9 @@ def _rss_mb(pid: int) -> float:
 
 def _batch(n_states: int, chars: int) -> tokenizer_pb2.TokenizeRequest:
     words = "the parcel arrived late and the refund never came "
-    states = [json.dumps(("%d " % i) + words * (chars // len(words))) for i in range(n_states)]
-    questions = json.dumps({"late": {"type": "noul", "instructions": "Is the parcel late?"}})
-    return tokenizer_pb2.TokenizeRequest(checkpoint="english", states_json=states, questions_json=questions)
+    states = [("%d " % i) + words * (chars // len(words)) for i in range(n_states)]
+    questions = {"late": {"type": "noul", "instructions": "Is the parcel late?"}}
+    return tokenize_request(tokenizer_pb2.TokenizeRequest, "english", states, questions)
 
 
 @glibc_only

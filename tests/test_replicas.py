@@ -332,17 +332,16 @@ def child_with(stack: Stack, text: str) -> int:
 
 
 def test_endpoint_lists_and_dns_targets():
-    from laya_grpc.gateway.endpoints import parse_target
-    one = parse_target(["127.0.0.1:5"], "--inference")
-    assert not one.balanced and one.grpc_target == "127.0.0.1:5"
-    assert parse_target(["unix:/a.sock"], "--x").grpc_target == "unix:/a.sock"
+    from laya_grpc.engine.endpoints import parse_target
+    assert parse_target(["127.0.0.1:5"], "--inference").endpoints == ("127.0.0.1:5",)
+    assert parse_target(["unix:/a.sock"], "--x").endpoints == ("unix:/a.sock",)
     many = parse_target(["127.0.0.1:5,localhost:6", "10.0.0.1:7"], "--tokenizer")
-    assert many.balanced and many.grpc_target == "ipv4:127.0.0.1:5,127.0.0.1:6,10.0.0.1:7"
-    assert many.endpoints == ("127.0.0.1:5", "127.0.0.1:6", "10.0.0.1:7")
+    assert many.endpoints == ("127.0.0.1:5", "127.0.0.1:6", "10.0.0.1:7") and many.scheme == "grpc"
+    assert parse_target("[::1]:5,[::1]:6", "--x").endpoints == ("[::1]:5", "[::1]:6")
     socks = parse_target("unix:///r/a.sock,/r/b.sock", "--x")
-    assert socks.grpc_target == "unix:/r/a.sock,/r/b.sock" and socks.endpoints == ("unix:/r/a.sock", "unix:/r/b.sock")
+    assert socks.endpoints == ("unix:/r/a.sock", "unix:/r/b.sock")
     dns = parse_target("dns:///laya-inference:50052", "--x")
-    assert dns.balanced and dns.grpc_target == "dns:///laya-inference:50052" and dns.endpoints == ()
+    assert dns.scheme == "dns" and dns.spec == "dns:///laya-inference:50052" and dns.endpoints == ()
     assert parse_target("ipc:///tmp/a", "--x").scheme == "ipc"   # left to the IPC transport
     for bad in ("dns:///a:1,127.0.0.1:2", "unix:/a,127.0.0.1:2", "ipc:///a,127.0.0.1:2", "nonsense,127.0.0.1:1", ""):
         with pytest.raises(LayaError):
@@ -350,7 +349,7 @@ def test_endpoint_lists_and_dns_targets():
 
 
 def test_deadline_bounds_backend_calls():
-    from laya_grpc.gateway import deadline
+    from laya_grpc.engine import deadline
     assert deadline.timeout(30.0) == 30.0
     with deadline.within(5.0):
         assert 4.0 < deadline.timeout(30.0) <= 5.0

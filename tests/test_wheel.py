@@ -26,5 +26,5 @@ def test_wheel_top_level_is_only_our_two_packages(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"laya_grpc", "laya_proto"}, sorted(top)
-    for module in ("laya_grpc/gateway/server.py", "laya_grpc/cli/inprocess.py", "laya_proto/v1/decision_pb2.py"):
+    for module in ("laya_grpc/gateway/server.py", "laya_grpc/engine/inprocess.py", "laya_proto/v1/decision_pb2.py"):
         assert module in names, module

@@ -2,7 +2,7 @@
 
 Two measurements, both against real processes:
 - `empty_round_trips`: one call carrying an empty TokenizeRequest to a process that answers at
-  once, over a gRPC stream (StreamMux, what the gateway used) and over IPC unix sockets (IpcMux):
+  once, through the one call multiplexer (core/calls.py) over a gRPC stream and over IPC unix sockets:
   the bare price of one local hop, sequential and with many callers.
 - `hop_breakdown`: the two internal calls of a request made from outside against the children
   of a running `serve` over the transport it uses: the tokenizer hop (its server-side encode
@@ -20,8 +20,10 @@ import sys
 import tempfile
 import time
 
-from laya_grpc.core import ipc, rpc, streams
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc, tokens_pb2
+from laya_grpc.core import calls, ipc, rpc
+from laya_grpc.core.question_wire import tokenize_request
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+from laya_proto.v1 import tokens_pb2
 
 from . import raw_http
 from .stats import summary_ms
@@ -33,7 +35,7 @@ TRANSPORTS = ("grpc", "ipc")
 
 class _Echo(tokenizer_pb2_grpc.TokenizerServiceServicer):
     async def TokenizeStream(self, request_iterator, context):
-        await streams.serve_calls(request_iterator, context, _empty, tokenizer_pb2.TokenizeReply,
+        await calls.serve_calls(request_iterator, context, _empty, tokenizer_pb2.TokenizeReply,
                                   tokens_pb2.CallError, "Tokenize")
 
 
@@ -55,18 +57,18 @@ async def _echo_main(grpc_address: str, ipc_endpoint: str) -> None:
 def _tok_mux(transport: str, grpc_address: str, ipc_endpoint: str):
     """(mux, channel or None) for the tokenizer at these addresses over `transport`."""
     if transport == "ipc":
-        return ipc.IpcMux(ipc_endpoint, tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply, "tokenizer"), None
+        return ipc.mux(ipc_endpoint, tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply, "tokenizer"), None
     ch = rpc.channel(grpc_address)
-    return streams.StreamMux(tokenizer_pb2_grpc.TokenizerServiceStub(ch).TokenizeStream, tokenizer_pb2.TokenizeCall,
-                             "tokenizer"), ch
+    return calls.stream_mux(tokenizer_pb2_grpc.TokenizerServiceStub(ch).TokenizeStream, tokenizer_pb2.TokenizeCall,
+                            "tokenizer"), ch
 
 
 def _inf_mux(transport: str, grpc_address: str, ipc_endpoint: str):
     if transport == "ipc":
-        return ipc.IpcMux(ipc_endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference"), None
+        return ipc.mux(ipc_endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference"), None
     ch = rpc.channel(grpc_address)
-    return streams.StreamMux(inference_pb2_grpc.InferenceServiceStub(ch).InferStream, inference_pb2.InferCall,
-                             "inference"), ch
+    return calls.stream_mux(inference_pb2_grpc.InferenceServiceStub(ch).InferStream, inference_pb2.InferCall,
+                            "inference"), ch
 
 
 async def _close(mux, ch) -> None:
@@ -135,8 +137,7 @@ def hop_breakdown(run_dir: str, transport: str, state, questions: dict, model: s
     async def main():
         tmux, tch = _tok_mux(transport, *addr("tokenizer-0"))
         imux, ich = _inf_mux(transport, *addr("inference"))
-        treq = tokenizer_pb2.TokenizeRequest(checkpoint=model, states_json=[json.dumps(state)],
-                                             questions_json=json.dumps(questions))
+        treq = tokenize_request(tokenizer_pb2.TokenizeRequest, model, [state], questions)
         parts = {k: [] for k in ("tokenizer_hop", "tokenize_server", "tokenizer_transport", "inference_hop",
                                  "queue_wait", "model", "inference_transport")}
         try:
@@ -208,28 +209,6 @@ def http_breakdown(http: str, body: dict, n: int, warm: int = 5) -> dict:
     return {k: summary_ms(v) for k, v in parts.items()}
 
 
-def compare_transports(ckpt: str, n: int, transports=TRANSPORTS, model: str = "english") -> dict:
-    """One `serve` per transport, all up at once, HTTP requests alternating between them request by
-    request (so background load hits every transport alike): {transport: stages as http_breakdown}."""
-    from .inputs import named_cases
-    from .service import Served, body
-    case = named_cases()[0]
-    stacks = {t: Served({model: ckpt}, ["--local-transport", t, "--tokenizer-workers", "1", "--gateway-workers", "1"],
-                        {"LAYA_MAX_CONCURRENT": "256"}) for t in transports}
-    try:
-        for s in stacks.values():
-            s.wait_ready(300)
-        parts = {t: {} for t in transports}
-        for _ in range(n):
-            for t, s in stacks.items():
-                for k, v in http_breakdown(s.http, body(case, model), 1, warm=0).items():
-                    parts[t].setdefault(k, []).append(v["p50_ms"] / 1e3)
-        return {t: {k: summary_ms(v) for k, v in p.items()} for t, p in parts.items()}
-    finally:
-        for s in stacks.values():
-            s.close()
-
-
 def gateway_own_ms(http_p50: float, hops: dict) -> float:
     """HTTP p50 beyond the two hops: parse, admission, routing, decode, render and hand-offs."""
     return http_p50 - hops["tokenizer_hop"]["p50_ms"] - hops["inference_hop"]["p50_ms"]
@@ -239,13 +218,6 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["echo"]:
         asyncio.run(_echo_main(argv[1], argv[2]))
-        return 0
-    if argv[:1] == ["compare"]:   # compare CHECKPOINT_DIR [N]
-        res = compare_transports(argv[1], int(argv[2]) if len(argv) > 2 else 200)
-        keys = list(next(iter(res.values())))
-        print("%-22s " % "stage (p50/p95 ms)" + " ".join("%18s" % t for t in res))
-        for k in keys:
-            print("%-22s " % k + " ".join("%18s" % ("%.3f/%.3f" % (r[k]["p50_ms"], r[k]["p95_ms"])) for r in res.values()))
         return 0
     print(json.dumps(empty_round_trips()))
     return 0

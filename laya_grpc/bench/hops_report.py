@@ -1,6 +1,6 @@
 """The report's per-hop section: each local transport side by side, where a request's time goes.
 
-Rows per transport (`serve --local-transport`): HTTP and gRPC short p50/p95, HTTP 512 tokens,
+Rows per transport (the record's `transport`; older results may hold several): HTTP and gRPC short p50/p95, HTTP 512 tokens,
 64-client throughput, then the parts of a short request: the tokenizer hop (server-side encode +
 the rest = transport both ways and the handler), the inference hop (queue wait, model, the rest),
 and the gateway's own path (HTTP p50 minus both hops: parse, admission, routing, decode, render).

@@ -20,10 +20,9 @@ def run_replicas(a, rec, ckpt: str, model: str) -> bool:
     request got an error status."""
     cases = [named_cases()[0]]   # the short one-question request, as the service stage's concurrency figures
     env = {"LAYA_MAX_CONCURRENT": str(a.max_concurrent)}
-    transport = next((t for t in a.transports.split(",") if t), "ipc")
     ok = True
     for n in a.replicas:
-        extra = ["--backend", a.backend, "--dtype", a.dtype, "--device", a.device, "--local-transport", transport,
+        extra = ["--backend", a.backend, "--dtype", a.dtype, "--device", a.device,
                  "--inference-replicas", str(n)]
         s = Served({model: ckpt}, extra, env)
         try:
@@ -38,7 +37,7 @@ def run_replicas(a, rec, ckpt: str, model: str) -> bool:
                 rec("http", "replicas", replicas=n, inference_processes=_inference_sockets(s.run_dir),
                     clients=clients, decisions_per_s=r["decisions_per_s"],
                     req_per_s=r["req_per_s"], p50_ms=r["p50_ms"], p95_ms=r["p95_ms"], requests=r["requests"],
-                    errors=errors, codes=r["codes"], process_to_ready_s=ready_s, local_transport=transport,
+                    errors=errors, codes=r["codes"], process_to_ready_s=ready_s,
                     gpu_mb_by_pid={p: mb for p, mb in gpu_used_by_pids().items() if p in pids})
                 ok = ok and errors == 0
         except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code; the next N still runs

@@ -334,14 +334,13 @@ def forward_stats(before: dict, after: dict, seconds: float) -> dict:
             "device_busy": (after["seconds"] - before["seconds"]) / seconds}
 
 
-def run_service(a, rec, ckpt: str, model: str, transport: str = "ipc") -> None:
+def run_service(a, rec, ckpt: str, model: str) -> None:
     """Readiness, first request, warm latency per input, the per-hop breakdown, concurrency sweep
-    (with the forwards each load run made, from serve's metrics), memory: HTTP and gRPC, with
-    `serve`'s children reached over `transport`."""
+    (with the forwards each load run made, from serve's metrics), memory: HTTP and gRPC."""
     env = {"LAYA_MAX_CONCURRENT": str(a.max_concurrent)}
     extra = ["--backend", a.backend, "--dtype", a.dtype] + (["--device", a.device] if a.device != "auto" else [])
     metrics_at = "127.0.0.1:%d" % _free_port()
-    extra += ["--local-transport", transport, "--metrics", metrics_at]
+    extra += ["--metrics", metrics_at]
     metrics_url = "http://%s/metrics" % metrics_at
     s = Served({model: ckpt}, extra, env)
     try:
@@ -365,7 +364,7 @@ def run_service(a, rec, ckpt: str, model: str, transport: str = "ipc") -> None:
         for c in cases:
             rec("service", "ab", input=c.name, **grpc_against_http(s.http, s.grpc, c, model, a.iters))
         for c in cases:
-            rec("service", "hops", input=c.name, **hops.hop_breakdown(s.run_dir, transport, c.state, c.questions,
+            rec("service", "hops", input=c.name, **hops.hop_breakdown(s.run_dir, "ipc", c.state, c.questions,
                                                                        model, a.iters))
             rec("http", "stages", input=c.name, **hops.http_breakdown(s.http, body(c, model), a.iters))
         soak = random_cases(a.soak)

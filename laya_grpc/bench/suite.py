@@ -53,9 +53,6 @@ class BenchSettings:
                                        name="idle_gaps_seconds", deprecated=("--idle-gaps", "LAYA_BENCH_IDLE_GAPS"))
     soak: Optional[int] = setting(None, "random-length requests the engine answers before its memory is read "
                                   "again (10,000 by default: ~30-60 s on an H200)", type=int)
-    transports: str = setting("ipc", "comma list of serve --local-transport values (ipc, grpc): the service "
-                              "stage runs once per transport, side by side in one report with a per-hop table "
-                              "each")
     replicas: str = setting("1,2", "comma list of serve --inference-replicas values the replicas stage "
                             "compares, each run alone on --device: a second replica on the same device overlaps "
                             "one replica's host work with the other's forward, and each holds its own copy of "
@@ -166,12 +163,11 @@ def run(a) -> int:
                 failed.append(st)
             continue
         if st == "service":
-            for tr in [t for t in a.transports.split(",") if t]:
-                try:
-                    run_service(a, lambda target, kind, **f: rec(target, kind, transport=tr, **f), ckpt, "english", tr)
-                except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
-                    rec("service", "error", transport=tr, detail="%s: %s" % (type(e).__name__, e))
-                    failed.append("%s (%s)" % (st, tr))
+            try:
+                run_service(a, lambda target, kind, **f: rec(target, kind, transport="ipc", **f), ckpt, "english")
+            except Exception as e:  # noqa: BLE001 - recorded in the results and the exit code
+                rec("service", "error", transport="ipc", detail="%s: %s" % (type(e).__name__, e))
+                failed.append(st)
             continue
         cmd = [sys.executable, "-m", "laya_grpc.bench.inproc", st, "--ckpt", ckpt, "--out", path, "--device", a.device,
                "--backend", a.backend, "--dtype", a.dtype, "--iters", str(a.iters), "--soak", str(a.soak), "--parity-n", str(a.parity_n),

@@ -2,7 +2,7 @@
 
 `Predictor.predict` returns exactly what upstream laya 0.4.15's `Agent.predict` returns
 (`{"model", "answers", "usage"}`) through the gateway's own answer loop (`Decider.answer`) on
-in-process services (laya_grpc/cli/inprocess.py), so offline runs and tests exercise the served
+in-process services (laya_grpc/engine/inprocess.py, built here: `load_services`), so offline runs and tests exercise the served
 code. Calls run on a private event loop (no new loop per call). The network backend is imported
 only when a Predictor is built, keeping this module free of torch at import time.
 """
@@ -17,12 +17,31 @@ from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.questions import parse_questions
 from laya_grpc.core.routing import RouteTable
 from laya_grpc.core.sources import open_source
-from laya_grpc.gateway.decider import Decider
+from laya_grpc.engine.decider import Decider
+from laya_grpc.engine.inprocess import InProcessServices
 from laya_grpc.gateway.settings import GatewaySettings
-
-from .inprocess import InProcessServices
+from laya_grpc.tokenizer.encoding import TextEncoder
 
 BACKENDS = ("torch", "mlx")
+
+
+def encoder_of(checkpoint) -> TextEncoder:
+    """The tokenizer's encoder for a checkpoint, as its tokenizer service builds it."""
+    return TextEncoder(checkpoint.tokenizer_dir, max_len=checkpoint.max_len,
+                       head_max_len=checkpoint.head_max_len, parallel_layout=checkpoint.parallel)
+
+
+def load_services(sources: dict, backend: str = "torch", device: str = "cpu",
+                  dtype: Optional[str] = None) -> InProcessServices:
+    """Every `name -> source` checkpoint opened and its runner loaded in this process (tests, tools)."""
+    from laya_grpc.inference.devices import pick_device
+    from laya_grpc.inference.runners import load_runner
+    services = InProcessServices()
+    dev = pick_device(device, backend, require=True).device
+    for name, source in sources.items():
+        ckpt = open_source(source)
+        services.add(name, ckpt, encoder_of(ckpt), load_runner(ckpt.path, backend, dev, dtype))
+    return services
 
 
 class Predictor:
@@ -45,7 +64,8 @@ class Predictor:
                                   None if dtype == "auto" else dtype)
         self.device = self.runner.device()
         services = InProcessServices()
-        self.encoder = services.add(self.NAME, self.checkpoint, self.runner)
+        self.encoder = encoder_of(self.checkpoint)
+        services.add(self.NAME, self.checkpoint, self.encoder, self.runner)
         # only Decider.answer is used: no routing, no serve fields, as Agent.predict answers
         self.decider = Decider(services, RouteTable.build(), GatewaySettings())
         self._loop = asyncio.new_event_loop()

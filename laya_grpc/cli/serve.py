@@ -4,7 +4,7 @@ The embedded default deployment. Each service runs in its own process (text work
 competes with the device thread for the GIL); the supervisor restarts a child that dies, and
 the gateway's status stream reports it going down and coming back. With several inference
 replicas (`--inference-replicas`, or `--device` listing several devices) the gateway balances over
-them as over remote replicas: a dead or restarting one gets no calls.
+them as over remote replicas (engine/balancing.py): a dead or restarting one gets no calls.
 
 Every flag of the gateway, inference and tokenizer services is a flag of serve too, and reaches
 every process it starts. 'laya-grpc config serve [FLAGS...]' prints the settings it would run with.
@@ -64,17 +64,17 @@ def child_argvs(args: argparse.Namespace, run_dir: str, env: dict | None = None)
     names = ["inference"] if len(devices) == 1 else ["inference-%d" % k for k in range(len(devices))]
     infs = ["unix:" + os.path.join(run_dir, n + ".sock") for n in names]
     children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t]
-                      + local_ipc(args, run_dir, "tokenizer-%d" % i)[0], env, stop_stage=1) for i, t in enumerate(toks)]
+                      + local_ipc(run_dir, "tokenizer-%d" % i)[0], env, stop_stage=1) for i, t in enumerate(toks)]
     for name, inf, device in zip(names, infs, devices):
         children.append(Child(name, me + ["inference", "--listen", inf, "--device", device]
-                              + local_ipc(args, run_dir, name)[0], env, stop_stage=1))
-    inf_addrs = [local_ipc(args, run_dir, n)[1] or i for n, i in zip(names, infs)]
-    tok_addrs = [local_ipc(args, run_dir, "tokenizer-%d" % i)[1] or t for i, t in enumerate(toks)]
+                              + local_ipc(run_dir, name)[0], env, stop_stage=1))
+    inf_addrs = [local_ipc(run_dir, n)[1] for n in names]
+    tok_addrs = [local_ipc(run_dir, "tokenizer-%d" % i)[1] for i in range(len(toks))]
     gw = me + ["gateway"]
     if n_gw > 1:
         gw.append("--reuse-port")
     for k in range(n_gw):
-        # a gateway calls the first idle backend of its list (gateway/remote.py, IpcReplicas):
+        # a gateway calls the first idle backend of its list (engine/remote.py, Replicas):
         # each worker gets the lists rotated by its index, so their first choices differ
         argv = gw + ["--inference", ",".join(_rotated(inf_addrs, k))]
         for t in _rotated(tok_addrs, k):
@@ -89,11 +89,9 @@ def _rotated(items: list, k: int) -> list:
     return items[k:] + items[:k]
 
 
-def local_ipc(args: argparse.Namespace, run_dir: str, name: str) -> tuple:
-    """(the child's extra flags, the gateway's address for it) when calls go over IPC (core/ipc.py); the
-    child keeps its gRPC socket NAME.sock for health and status."""
-    if args.local_transport != "ipc":
-        return [], None
+def local_ipc(run_dir: str, name: str) -> tuple:
+    """(the child's extra flags, the gateway's address for it): its Tokenize or Infer calls go over
+    IPC (core/ipc.py); the child keeps its gRPC socket NAME.sock for health and status."""
     endpoint = "ipc://" + os.path.join(run_dir, name + ".ipc")
     return ["--ipc", endpoint], ipc.address(endpoint, "unix:" + os.path.join(run_dir, name + ".sock"))
 

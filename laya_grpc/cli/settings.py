@@ -33,11 +33,6 @@ class ServeOwnSettings:
     metrics: Optional[str] = setting(None, "one Prometheus endpoint for every process of this serve (each "
                                      "family exported by the service it describes, summed across gateway and "
                                      "tokenizer workers; off by default)", metavar="HOST:PORT")
-    local_transport: str = setting("ipc", "how the gateway sends Tokenize and Infer calls to the children: "
-                                   "'ipc' = length-framed contract messages on unix sockets (one thread wake-up "
-                                   "a message, the least per-request overhead), 'grpc' = gRPC streams over unix "
-                                   "sockets (to compare); health and status always use gRPC",
-                                   choices=("ipc", "grpc"))
     run_dir: Optional[str] = setting(None, "directory for the unix sockets (default: a fresh temporary "
                                      "directory, removed on exit)", metavar="DIR")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from laya_grpc.core.json_labels import json_key, label_value
+from laya_grpc.core.question_wire import usage_from_proto
 from laya_proto.v1 import decision_pb2
 
 TYPE_NAMES = {decision_pb2.QUESTION_TYPE_CHOICE: "choice", decision_pb2.QUESTION_TYPE_SCORE: "score",
@@ -65,18 +66,6 @@ def answer_dict(m) -> dict[str, Any]:
     return d
 
 
-def _usage(u) -> dict[str, Any]:
-    d: dict[str, Any] = {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens}
-    if u.HasField("state_tokens"):
-        d.update(state_tokens=u.state_tokens, state_tokens_dropped=u.state_tokens_dropped, truncated=u.truncated,
-                 truncated_questions=list(u.truncated_questions))
-    if u.options:
-        d["options"] = {qid: {"total": o.total, "distinct": o.distinct,
-                              "tokens_per_option": o.tokens_per_option if o.HasField("tokens_per_option") else None}
-                        for qid, o in u.options.items()}
-    return d
-
-
 def _detection(m) -> dict[str, Any]:
     return {"script": m.script, "script_profile": dict(m.script_profile),
             "language": m.language if m.HasField("language") else None,
@@ -94,7 +83,7 @@ def _routing(r) -> dict[str, Any]:
 def response_dict(msg: decision_pb2.DecideResponse) -> dict[str, Any]:
     """A typed DecideResponse as the /v1/systemone response object."""
     d: dict[str, Any] = {"model": msg.model, "answers": {a.id: answer_dict(a) for a in msg.answers},
-                         "usage": _usage(msg.usage)}
+                         "usage": usage_from_proto(msg.usage)}
     if msg.HasField("routing"):
         d["routing"] = _routing(msg.routing)
     return d

@@ -23,8 +23,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from laya_grpc.core import rpc
+from laya_grpc.core.calls import stream_mux
 from laya_grpc.core.errors import KIND_METADATA_KEY, Kind, LayaError
-from laya_grpc.core.streams import StreamMux
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
 
 from .answers import batch_dict, response_dict
@@ -175,8 +175,8 @@ class AsyncLayaClient:
         self._decisions = decision_pb2_grpc.DecisionServiceStub(self._channel)
         self._status = decision_pb2_grpc.StatusServiceStub(self._channel)
         self._md, self.timeout, self.typed, self.address = _metadata(api_key), timeout, typed, address
-        self._mux = StreamMux(lambda: self._decisions.DecideStream(metadata=self._md), decision_pb2.DecideCall,
-                              "gateway") if stream else None
+        self._mux = stream_mux(lambda: self._decisions.DecideStream(metadata=self._md), decision_pb2.DecideCall,
+                               "gateway") if stream else None
 
     async def __aenter__(self) -> "AsyncLayaClient":
         return self

@@ -11,12 +11,11 @@ over a unix socket (benchmarks/results/2026-12-04-d150112/request-trace.txt; doc
 "Local transports").
 
 Framing: each message is a 4-byte little-endian length and one serialized contract message,
-`TokenizeCall`/`InferCall` one way and `TokenizeReply`/`InferReply` back, matched by id, so
-`IpcMux.call` means exactly what `streams.StreamMux.call` means, cancellation included: a call
-its caller no longer wants (cancelled, or past its timeout) is followed by a call message with the
-same id and no request, and the server cancels that call's task without replying. A frame longer
-than the internal message limit closes the connection (the peer is not one of ours); a reply that
-would be longer is answered TOO_LARGE by `streams.reply_to` before it is sent.
+`TokenizeCall`/`InferCall` one way and `TokenizeReply`/`InferReply` back, matched by id by the
+same multiplexer as every internal call (`calls.CallMux` over `IpcTransport`; `calls.CallTable`
+serves them), cancellation included. A frame longer than the internal message limit closes the
+connection (the peer is not one of ours); a reply that would be longer is answered TOO_LARGE by
+`calls.reply_to` before it is sent.
 
 Addresses. A backend reached over IPC is named `ipc:///path/x.ipc?grpc=<its gRPC address>`:
 calls go over the unix socket at /path/x.ipc, while health (grpc.health.v1 Watch), WatchStatus
@@ -34,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import itertools
 import logging
 import os
 import socket
@@ -46,7 +44,7 @@ from urllib.parse import parse_qs
 
 from .errors import Kind, LayaError
 from .rpc import MAX_MESSAGE_BYTES
-from .streams import error_from_call, reply_to
+from .calls import CallMux, CallTable
 
 log = logging.getLogger("laya_grpc.core.ipc")
 SCHEME = "ipc://"
@@ -151,8 +149,7 @@ class IpcServer:
             self._sock.close()
             raise LayaError(Kind.INVALID, "cannot listen on %s: %s" % (endpoint, e.strerror or e)) from None
         self._sock.setblocking(False)
-        self._tasks: dict = {}   # (connection, call id) -> its task
-        self._conns: set = set()  # open connections (closed with the server)
+        self._conns: dict = {}   # open connection -> its calls (closed with the server)
         self._server: Optional[asyncio.AbstractServer] = None
         self._starting: Optional[asyncio.Task] = None
 
@@ -173,33 +170,23 @@ class IpcServer:
             except Exception:  # noqa: BLE001 - undecodable bytes: nothing to answer to (no id)
                 log.warning("%s: dropped an undecodable message on %s", self.name, self.endpoint)
                 return
-            key = (proto, call.id)
-            if not call.HasField("request"):   # the caller no longer wants this call: no reply is expected
-                t = self._tasks.get(key)
-                if t is not None:
-                    t.cancel()
-                return
-            t = asyncio.ensure_future(self._one(proto, call))
-            self._tasks[key] = t
-            t.add_done_callback(lambda _, k=key: self._tasks.pop(k, None))
+            table.receive(call)
 
         def on_lost() -> None:   # the caller went away: its calls' work is not wanted any more
-            self._conns.discard(proto)
-            for key, t in list(self._tasks.items()):
-                if key[0] is proto:
-                    t.cancel()
+            self._conns.pop(proto, None)
+            table.cancel()
+
+        async def send(reply) -> None:
+            proto.send(reply.SerializeToString())
 
         proto = _Frames(on_frame, on_lost, self.name)
-        self._conns.add(proto)
+        table = CallTable(self._handle, send, self._reply_cls, self._error_cls, self.name)
+        self._conns[proto] = table
         return proto
 
-    async def _one(self, proto: _Frames, call) -> None:
-        reply = await reply_to(call, self._handle, self._reply_cls, self._error_cls, self.name)
-        proto.send(reply.SerializeToString())
-
     async def close(self) -> None:
-        for t in list(self._tasks.values()):
-            t.cancel()
+        for table in list(self._conns.values()):
+            table.cancel()
         if self._starting is not None:
             try:
                 await self._starting
@@ -234,69 +221,24 @@ def _unlink_stale(path: str) -> None:
 
 # ------------------------------------------------------------------------------------ client side
 
-class IpcMux:
-    """Client side: `await mux.call(request, timeout)` behaves like `StreamMux.call`: the response,
-    or a LayaError (the backend's own kind, TIMEOUT, or BUSY when it is unreachable or died).
-    One connection, opened by the first call and again by the first call after it broke."""
+class IpcTransport:
+    """Calls to an `ipc:///path` endpoint for `calls.CallMux`: a call made while nothing listens
+    retries the connection for up to CONNECT_WAIT_S, then fails BUSY; a dropped connection (the
+    backend exited or was killed) fails the calls in flight on it with BUSY."""
 
-    def __init__(self, endpoint: str, call_cls, reply_cls, what: str):
+    def __init__(self, endpoint: str, reply_cls, what: str):
         self.endpoint, self.path = endpoint, _path(endpoint)
-        self._call_cls, self._reply_cls, self.what = call_cls, reply_cls, what
-        self._ids = itertools.count(1)
-        self._pending: dict = {}
-        self._proto: Optional[_Frames] = None
-        self._connecting: Optional[asyncio.Future] = None
-        self._closed = False
+        self._reply_cls, self.what = reply_cls, what
 
-    async def call(self, request, timeout: Optional[float] = None):
-        cid = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
-        payload = self._call_cls(id=cid, request=request).SerializeToString()
-        self._pending[cid] = fut
-        sent = False
-        try:
-            proto = self._proto
-            if proto is None or not proto.send(payload):
-                proto = await self._connect(timeout)
-                if not proto.send(payload):
-                    raise LayaError(Kind.BUSY, "%s unavailable: it closed the connection" % self.what)
-            sent = True
-            return await asyncio.wait_for(fut, timeout) if timeout else await fut
-        except asyncio.TimeoutError:
-            if sent:
-                self._cancel_on_server(cid, fut)
-            raise LayaError(Kind.TIMEOUT, "%s did not answer within %g s" % (self.what, timeout)) from None
-        except asyncio.CancelledError:
-            if sent:
-                self._cancel_on_server(cid, fut)
-            raise
-        finally:
-            self._pending.pop(cid, None)
-
-    def _cancel_on_server(self, cid: int, fut: "asyncio.Future") -> None:
-        """The call `cid`, sent and not answered, is no longer wanted: tell the server, which
-        drops its queued work (a backend that is gone has dropped it anyway)."""
-        if self._proto is not None and not (fut.done() and not fut.cancelled()):
-            self._proto.send(self._call_cls(id=cid).SerializeToString())
-
-    async def _connect(self, timeout: Optional[float]) -> _Frames:
-        """The open connection, made now if there is none; concurrent callers share one attempt."""
-        if self._closed:
-            raise LayaError(Kind.BUSY, "%s connection closed by this process" % self.what)
-        if self._connecting is None or self._connecting.done():
-            self._connecting = asyncio.ensure_future(self._open(min(CONNECT_WAIT_S, timeout) if timeout
-                                                                else CONNECT_WAIT_S))
-        return await asyncio.shield(self._connecting)
-
-    async def _open(self, wait_s: float) -> _Frames:
+    async def open(self, mux, timeout: Optional[float]) -> "_IpcLink":
         loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + (min(CONNECT_WAIT_S, timeout) if timeout else CONNECT_WAIT_S)
+        link = _IpcLink(mux, self._reply_cls, self.what)
         while True:
             try:
-                _, proto = await loop.create_unix_connection(
-                    lambda: _Frames(self._on_reply, self._on_lost, self.what), self.path)
-                self._proto = proto
-                return proto
+                _, link.proto = await loop.create_unix_connection(
+                    lambda: _Frames(link.on_frame, link.on_lost, self.what), self.path)
+                return link
             except OSError:
                 pass
             if time.monotonic() >= deadline:
@@ -305,41 +247,39 @@ class IpcMux:
                 raise LayaError(Kind.BUSY, "%s unavailable: nothing listening; retry shortly" % self.what)
             await asyncio.sleep(_RETRY_S)
 
-    def _on_reply(self, frame: memoryview) -> None:
+
+class _IpcLink:
+    def __init__(self, mux, reply_cls, what: str):
+        self._mux, self._reply_cls, self.what = mux, reply_cls, what
+        self.proto: Optional[_Frames] = None
+
+    @property
+    def open(self) -> bool:
+        return self.proto is not None and self.proto.transport is not None and not self.proto.transport.is_closing()
+
+    async def send(self, call, timeout: Optional[float]) -> None:
+        if not self.proto.send(call.SerializeToString()):
+            raise LayaError(Kind.BUSY, "%s unavailable: it closed the connection" % self.what)
+
+    def cancel(self, cid: int) -> None:
+        self.proto.send(self._mux.call_cls(id=cid).SerializeToString())
+
+    def on_frame(self, frame: memoryview) -> None:
         try:
             reply = self._reply_cls.FromString(frame)
         except Exception:  # noqa: BLE001
             log.warning("%s: dropped an undecodable reply", self.what)
             return
-        fut = self._pending.get(reply.id)
-        if fut is None or fut.done():   # its caller timed out or was cancelled
-            return
-        if reply.WhichOneof("result") == "error":
-            fut.set_exception(error_from_call(reply.error))
-        else:
-            fut.set_result(reply.response)
+        self._mux.reply(reply)
 
-    def _on_lost(self) -> None:
-        """The connection dropped (the backend exited or was killed): every call in flight fails,
-        as with a lost gRPC connection (they may or may not have run)."""
-        self._proto = None
-        err = LayaError(Kind.BUSY, "%s unavailable: it closed the connection" % self.what)
-        for fut in list(self._pending.values()):
-            if not fut.done():
-                fut.set_exception(err)
+    def on_lost(self) -> None:
+        self._mux.lost(self, LayaError(Kind.BUSY, "%s unavailable: it closed the connection" % self.what))
 
-    async def close(self) -> None:
-        self._closed = True
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(LayaError(Kind.BUSY, "%s connection closed by this process" % self.what))
-        if self._connecting is not None and not self._connecting.done():
-            self._connecting.cancel()
-        proto, self._proto = self._proto, None
-        if proto is not None and proto.transport is not None:
-            proto.transport.close()
+    def close(self) -> None:
+        if self.proto is not None and self.proto.transport is not None:
+            self.proto.transport.close()
 
 
-def call_mux(link: Link, grpc_mux: Callable[[], object], call_cls, reply_cls, what: str):
-    """The call carrier for one backend: IPC when its address says so, else `grpc_mux()`."""
-    return IpcMux(link.ipc, call_cls, reply_cls, what) if link.ipc else grpc_mux()
+def mux(endpoint: str, call_cls, reply_cls, what: str) -> CallMux:
+    """Calls to the backend listening at an `ipc:///path` endpoint."""
+    return CallMux(IpcTransport(endpoint, reply_cls, what), call_cls)

@@ -63,9 +63,6 @@ REQUEST_SECONDS = _Family(Histogram, "laya_gateway_request_seconds", "Decision r
 INFER_CALL_REQUESTS = _Family(Histogram, "laya_gateway_requests_per_infer_call",
                               "Requests whose rows shared one gateway->inference call (coalescing under load)",
                               buckets=(1, 2, 4, 8, 16, 32, 64, 128))
-INFER_CHUNKS = _Family(Histogram, "laya_gateway_infer_chunks_per_request",
-                       "Chunks a large request was cut into, to take turns with other requests",
-                       buckets=(2, 4, 8, 16, 32, 64, 128, 256))
 REJECTED = _Family(Counter, "laya_gateway_rejected_total", "Requests refused before any work, by API and reason",
                    ["api", "reason"])
 ADMISSION_WAIT_SECONDS = _Family(Histogram, "laya_gateway_admission_wait_seconds",

@@ -1,8 +1,12 @@
 """Questions on the tokenizer wire: the rendered texts a caller that already validated sends."""
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from typing import Any
+
 from .errors import Kind, LayaError
-from .questions import QTYPES, Question
+from .questions import QTYPES, Question, parse_questions
 
 
 def question_from_text(q) -> Question:
@@ -22,3 +26,62 @@ def question_to_text(q: Question, msg) -> None:
     msg.options.extend(q.options)
     if q.option_order is not None:
         msg.option_order.extend(q.option_order)
+
+
+@dataclass(frozen=True)
+class StateText:
+    """A state as the tokenizer reads it: its text, and whether a cut keeps its end."""
+    text: str
+    keep_end: bool = False
+
+
+def state_of(state: Any) -> StateText:
+    """A str state as is; anything else `json.dumps(state, ensure_ascii=False)` (default
+    separators), as upstream serializes it; a list (a conversation) is cut from the left."""
+    if isinstance(state, StateText):
+        return state
+    if isinstance(state, str):
+        return StateText(state)
+    return StateText(json.dumps(state, ensure_ascii=False), isinstance(state, list))
+
+
+def tokenize_request(request_cls, checkpoint: str, states: list, questions: dict):
+    """A TokenizeRequest for `states` (any JSON values) and a `/v1/systemone` questions object,
+    validated and rendered here (tools and tests; the gateway renders its parsed questions)."""
+    req = request_cls(checkpoint=checkpoint)
+    for s in map(state_of, states):
+        req.states.add(text=s.text, keep_end=s.keep_end)
+    for q in parse_questions(questions):
+        question_to_text(q, req.questions.add())
+    return req
+
+
+def usage_to_proto(u: dict, m) -> None:
+    """Upstream's usage block into a `laya_proto.v1.Usage`."""
+    m.input_tokens = u.get("input_tokens", 0)
+    m.output_tokens = u.get("output_tokens", 0)
+    if "state_tokens" in u:
+        m.state_tokens = u["state_tokens"]
+        m.state_tokens_dropped = u["state_tokens_dropped"]
+        m.truncated = u["truncated"]
+        m.truncated_questions.extend(u["truncated_questions"])
+    for qid, o in (u.get("options") or {}).items():
+        entry = m.options[qid]
+        entry.total, entry.distinct = o["total"], o["distinct"]
+        if o.get("tokens_per_option") is not None:
+            entry.tokens_per_option = o["tokens_per_option"]
+
+
+def usage_from_proto(u, order=None) -> dict:
+    """A `laya_proto.v1.Usage` as upstream's usage block; `options` in the question ids' `order`
+    when given (a proto map keeps no order)."""
+    d: dict = {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens}
+    if u.HasField("state_tokens"):
+        d.update(state_tokens=u.state_tokens, state_tokens_dropped=u.state_tokens_dropped, truncated=u.truncated,
+                 truncated_questions=list(u.truncated_questions))
+    if u.options:
+        keys = [k for k in order if k in u.options] if order is not None else list(u.options)
+        d["options"] = {qid: {"total": u.options[qid].total, "distinct": u.options[qid].distinct,
+                              "tokens_per_option": u.options[qid].tokens_per_option
+                              if u.options[qid].HasField("tokens_per_option") else None} for qid in keys}
+    return d

@@ -1,15 +1,13 @@
-"""How long one turn on the device lasts: the fairness unit that the gateway and the inference
-service share.
+"""How long one turn on the device lasts: the fairness unit of the inference batcher.
 
-A request larger than a turn is cut by the gateway into chunks of about one turn of forward work
-(gateway/coalesce.py), and the inference service's batcher merges queued rows into one forward
-pass only up to about one turn (inference/batcher.py). So a small request arriving behind any
-number of large ones waits about one turn, and rows whose client went away stop costing device
-time within about one turn of the cancel: a forward that already runs cannot be interrupted, and
-it is never longer than that.
+The batcher (inference/batcher.py) runs at most about one turn of forward work at a time: a
+request larger than that runs in parts, one a turn, between other requests. So a small request
+arriving behind any number of large ones waits about one turn, and rows whose client went away
+stop costing device time within about one turn of the cancel: a forward that already runs cannot
+be interrupted, and it is never longer than that.
 
-50 ms keeps the per-call overhead (about 1 ms a gateway round trip) small beside a chunk while a
-small request stays well under the 1 s a waiting client notices.
+50 ms keeps the per-forward overhead small beside a turn's work while a small request stays well
+under the 1 s a waiting client notices.
 """
 TURN_MS = 50.0
 
@@ -17,8 +15,8 @@ TURN_MS = 50.0
 class DeviceSpeed:
     """Milliseconds per unit of forward work (tokens, or tokens as a runner runs them), per
     checkpoint, as forwards showed it: an exponentially weighted average, so a host that gets
-    loaded shrinks the work that fits a turn, and recovers. The gateway sizes its chunks with it,
-    the inference batcher its merges."""
+    loaded shrinks the work that fits a turn, and recovers. The inference batcher sizes its
+    forwards with it."""
     WEIGHT = 0.3
 
     def __init__(self) -> None:

@@ -34,7 +34,7 @@ from typing import Optional
 from laya_grpc.core import memory, metrics
 from laya_grpc.core.errors import Kind, LayaError
 
-from . import deadline
+from laya_grpc.engine import deadline
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 # request bytes after which an idle gateway gives freed heap back (core/memory.py): a 2 MiB body is

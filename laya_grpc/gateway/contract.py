@@ -17,50 +17,19 @@ Each failure is `LayaError(kind, upstream's detail)`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from laya_grpc.core.confidence_gate import Threshold, check_min_confidence
+from laya_grpc.core.confidence_gate import check_min_confidence
 from laya_grpc.core.controls import LONE_SURROGATE_DETAIL, has_lone_surrogate, token_budget
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.questions import Question, check_request_limits, parse_questions
+from laya_grpc.core.questions import check_request_limits, parse_questions
 from laya_grpc.core.routing import RouteTable, check_language_param, resolve_model_named
+from laya_grpc.engine.requests import BatchRequest, Controls, DecideRequest
 
 MAX_BATCH_STATES = 64
 
 BODY_REFUSALS = ("hooks", "on_predict_start", "on_predict_end", "hooks_raise", "hooks_timeout")
 BATCH_OUT_PARAMETERS = ("diagnostics",)
-
-
-@dataclass
-class Controls:
-    """The per-call controls shared by both routes, validated."""
-    model: Optional[str] = None          # canonical checkpoint name, None = auto-route
-    task: Optional[Any] = None           # raw `task` (routing.reason echoes it), already validated
-    lang: Optional[str] = None
-    lang_guess: Optional[str] = None
-    max_len: Optional[int] = None
-    head_max_len: Optional[int] = None
-    min_confidence: Optional[Threshold] = None
-    unknown_model: Optional[str] = None  # a `model` this server does not know, auto-routed (said in a header)
-
-
-@dataclass
-class DecideRequest:
-    state: Any                           # str, dict, list, number or bool (never None)
-    questions: list[Question]            # validated, in request order
-    raw_questions: dict[str, Any]        # the body's `questions` (ids drive workflow routing)
-    controls: Controls = field(default_factory=Controls)
-
-
-@dataclass
-class BatchRequest:
-    states: list[Any]
-    questions: list[Question]
-    raw_questions: dict[str, Any]
-    controls: Controls = field(default_factory=Controls)
-    batch_size: Optional[int] = None     # caller's cap on states per pass (validated, advisory)
-    sort_by_length: bool = False
 
 
 # -- body ---------------------------------------------------------------------------------------

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import time
 
-from laya_grpc.core import logs, request_id, request_scope, rpc, streams
+from laya_grpc.core import calls, logs, request_id, request_scope, rpc
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
 
-from . import deadline
+from laya_grpc.engine import deadline
+from laya_grpc.engine.decider import Decider
+from laya_grpc.engine.requests import Controls
+
 from .admission import Ticket, rows_of
-from .contract import Controls, parse_batch, parse_decide
-from .decider import Decider
+from .contract import parse_batch, parse_decide
 from .policy import Policy, bearer_of
 from .readiness import Readiness
 from .render import render_json
@@ -86,8 +88,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                     self.policy.auth.check(None)
                 async with self.policy.admission.enter(client) as ticket:
                     return await self._decide(request, ticket, None)
-        await streams.serve_calls(request_iterator, context, one,
-                                  decision_pb2.DecideReply, tokens_pb2.CallError, "Decide")
+        await calls.serve_calls(request_iterator, context, one,
+                                decision_pb2.DecideReply, tokens_pb2.CallError, "Decide")
 
     async def _decide(self, request, ticket: Ticket, context):
         self.policy.admission.trim.add(request.ByteSize())   # ~0.5 ms per MiB: small beside the work it measures

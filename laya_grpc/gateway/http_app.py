@@ -28,10 +28,11 @@ from starlette.routing import Route
 from laya_grpc.core import logs, metrics, request_scope, timing
 from laya_grpc.core.errors import RETRY_AFTER_HEADER, Kind, LayaError
 
+from laya_grpc.engine import deadline
+from laya_grpc.engine.decider import Decider
+
 from .admission import read_body, rows_of
-from . import deadline
 from .contract import parse_batch_body, parse_decide_body
-from .decider import Decider
 from .policy import Policy
 from .render import render_json
 from .settings import GatewaySettings

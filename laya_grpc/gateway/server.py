@@ -17,19 +17,19 @@ from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_obs
 from laya_grpc.core.restart_counts import seed_backend_restarts
 from laya_grpc.core.routing import RouteTable
 from laya_proto.v1 import decision_pb2_grpc
+from laya_grpc.engine.decider import Decider
+from laya_grpc.engine.endpoints import parse_target, split_entries
+from laya_grpc.engine.remote import RemoteServices
 
 from . import conn_limits
 from .admission import Admission
 from .policy import Auth, Policy
-from .decider import Decider
-from .endpoints import parse_target, split_entries
 from .grpc_api import DecisionServicer, StatusServicer
 from .grpc_guards import public_server
 from .http_app import build_app
 from .http_server import build_server
 from .listen import listen_socket, split_host_port
 from .readiness import DECISION_SERVICE, STATUS_SERVICE, Readiness, follow_readiness
-from .remote import RemoteServices
 from .settings import GatewaySettings
 
 log = logging.getLogger("gateway")

@@ -13,6 +13,7 @@ from typing import Any
 from laya_grpc.core.confidence_gate import ABSTAINED, PASSED, UNEVALUATED
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.json_labels import set_label
+from laya_grpc.core.question_wire import usage_to_proto
 from laya_proto.v1 import decision_pb2
 
 from .render import NAN_DETAIL
@@ -69,21 +70,6 @@ def _answer(qid: str, a: dict, m) -> None:
         m.abstention_threshold = a["abstention_threshold"]
 
 
-def _usage(u: dict, m) -> None:
-    m.input_tokens = u.get("input_tokens", 0)
-    m.output_tokens = u.get("output_tokens", 0)
-    if "state_tokens" in u:
-        m.state_tokens = u["state_tokens"]
-        m.state_tokens_dropped = u["state_tokens_dropped"]
-        m.truncated = u["truncated"]
-        m.truncated_questions.extend(u["truncated_questions"])
-    for qid, o in (u.get("options") or {}).items():
-        entry = m.options[qid]
-        entry.total, entry.distinct = o["total"], o["distinct"]
-        if o.get("tokens_per_option") is not None:
-            entry.tokens_per_option = o["tokens_per_option"]
-
-
 def _detection(d: dict, m) -> None:
     m.script = d["script"]
     for k, v in d["script_profile"].items():
@@ -112,6 +98,6 @@ def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> None:
     answers = msg.answers
     for qid, a in result["answers"].items():
         _answer(qid, a, answers.add())
-    _usage(result.get("usage") or {}, msg.usage)
+    usage_to_proto(result.get("usage") or {}, msg.usage)
     if result.get("routing") is not None:
         _routing(result["routing"], msg.routing)

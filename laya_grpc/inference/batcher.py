@@ -8,14 +8,17 @@ The budget counts tokens as the runner will really run them (packed: the real to
 token bucket; padded: rows x longest, rounded to its CUDA graph buckets), so a batch never lands in
 a shape that was not captured during warmup.
 
-Turns: once a checkpoint's forwards have been seen to take long (at least half a turn, see
-core/turns.py), merging also stops at about one turn of work at the speed those forwards showed.
-The gateway already cuts a large request into one-turn chunks; without this cap the chunks of two
-large requests would merge into a forward twice as long, which both a small request arriving
-behind them and the rows of a client that went away (a running forward cannot be stopped) would
-have to sit out. Short forwards teach nothing: a GPU at ordinary load never reaches the cap, and
-its speed per token at small batches would underrate large ones. A batch that the token budget
-splits into several forwards stops between them once every request in it is cancelled.
+Fairness (turns, core/turns.py): a forward never holds more than the token budget, and once a
+checkpoint's forwards have been seen to take long (at least half a turn), no more than about one
+turn of work at the speed those forwards showed. A request larger than that runs one part per
+forward: its first rows, then the rest goes back to the end of the queue, behind the requests
+that arrived meanwhile. So a small request arriving behind any number of large ones waits about
+one turn, and the rows of a request whose client went away (it is dropped from the queue when
+cancelled) stop costing device time within about one turn: a running forward cannot be stopped.
+Short forwards teach nothing: a GPU at ordinary load never reaches the cap, and its speed per token
+at small batches (where a forward's fixed cost dominates) would underrate large ones and shrink
+every later forward further. This is the one place where a request's rows are cut
+by device time; the gateway forwards them whole.
 All framework work stays on this thread (MLX requires it; torch releases the GIL in kernels),
 with one exception: the inline turn.
 
@@ -71,13 +74,24 @@ class BatchResult:
 
 @dataclass
 class _Job:
-    """Rows of one request, to be batched with others of the same checkpoint."""
+    """Rows of one request, to be batched with others of the same checkpoint; a large one runs in
+    parts (`done` rows so far, their outputs in `logits`/`acts`)."""
     checkpoint: str
     rows: PackedRows
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     enqueued: float = field(default_factory=time.perf_counter)
     request_id: str = field(default_factory=request_id.current_id)   # the submitting call's (log lines)
+    done: int = 0
+    logits: list = field(default_factory=list)
+    acts: list = field(default_factory=list)
+    started: float = 0.0
+    model_ms: float = 0.0
+    batch_rows: int = 0
+
+    @property
+    def left(self) -> PackedRows:
+        return self.rows if self.done == 0 else self.rows.take(range(self.done, self.rows.n))
 
 
 @dataclass
@@ -86,10 +100,6 @@ class _Call:
     fn: Callable[[], object]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
-
-
-class _AllCancelled(Exception):
-    """Every request of a batch went away between two of its forwards."""
 
 
 class Batcher:
@@ -115,8 +125,8 @@ class Batcher:
         self._thread.start()
 
     def stop(self, timeout_s: float = 2.0) -> None:
-        """Queued work fails at once (BUSY: retry elsewhere or later); a forward pass already running
-        ends at its next sub-forward (rows beyond the token budget run as several). The wait is
+        """Queued work fails at once (BUSY: retry elsewhere or later), and so does a request running
+        in parts when its forward ends (it gets no further part). The wait is
         short so that the process exits within its supervisor's grace period (5 s) even if one
         forward is long: the device thread is a daemon and dies with the process."""
         with self._cv:
@@ -131,7 +141,7 @@ class Batcher:
 
     @property
     def depth(self) -> int:
-        return sum(j.rows.n for j in list(self._queue) if isinstance(j, _Job))
+        return sum(j.rows.n - j.done for j in list(self._queue) if isinstance(j, _Job))
 
     def run_on_device(self, fn: Callable[[], object]) -> "asyncio.Future":
         """Run `fn` on the device thread (loading, warmup, eviction), in queue order."""
@@ -196,7 +206,7 @@ class Batcher:
         try:
             with self._cv:
                 if self._queue and not self._device_busy and not self._stop and isinstance(self._queue[0], _Job):
-                    jobs = [j for j in self._merge(self._queue.popleft(), INLINE_MAX_COST) if not j.future.cancelled()]
+                    jobs = [p for p in self._merge(self._queue.popleft(), INLINE_MAX_COST) if not p[0].future.cancelled()]
             if jobs:
                 self._run_batch(jobs)
         finally:
@@ -221,16 +231,26 @@ class Batcher:
             return self._merge(first, self.max_batch_tokens)
 
     def _merge(self, first: _Job, max_cost: int) -> list:
-        """`first` and the queued jobs of its checkpoint that fit one forward of at most `max_cost`
-        (and the turn), in queue order; the others stay queued. Under the lock. Cancelled jobs
-        behind `first` leave the queue here; `first` itself is always returned (an empty list is
-        `_take`'s stop signal), so the callers drop it if its caller has gone."""
+        """(job, rows) parts for one forward of at most `max_cost` (and about one turn): the rows of
+        `first` that fit (all of them, or its next rows: at least one), then the queued jobs of its
+        checkpoint that fit whole, in queue order; the others stay queued. Under the lock. Cancelled
+        jobs behind `first` leave the queue here; `first` itself is always returned (an empty list
+        is `_take`'s stop signal), so the callers drop it if its caller has gone."""
         cost = self._cost(first.checkpoint)
-        jobs, rows = [first], first.rows.n
-        longest, total = int(first.rows.lengths.max()), len(first.rows.ids)
         budget, turn = max_cost, self.turn_cost(first.checkpoint)
         if turn is not None:   # about one turn; a quarter turn more lets small rows ride along
-            budget = min(budget, max(turn, cost(rows, longest, total)) + turn // 4)
+            budget = min(budget, turn + turn // 4)
+        rows = first.left
+        lengths = rows.lengths.tolist()
+        n, longest, total = 1, lengths[0], lengths[0]
+        while (n < len(lengths) and n < self.max_batch_rows
+               and cost(n + 1, max(longest, lengths[n]), total + lengths[n]) <= budget):
+            longest, total = max(longest, lengths[n]), total + lengths[n]
+            n += 1
+        if n < len(lengths):   # a part of a large request: nothing else rides along
+            return [(first, rows.take(range(n)))]
+        jobs = [(first, rows)]
+        n = rows.n
         keep = collections.deque()
         while self._queue:
             j = self._queue.popleft()
@@ -239,16 +259,16 @@ class Batcher:
                 continue
             if j.future.cancelled():
                 continue
-            cand_longest = max(longest, int(j.rows.lengths.max()))
-            if (rows + j.rows.n > self.max_batch_rows
-                    or cost(rows + j.rows.n, cand_longest, total + len(j.rows.ids)) > budget):
+            jr = j.left
+            cand_longest = max(longest, int(jr.lengths.max()))
+            if n + jr.n > self.max_batch_rows or cost(n + jr.n, cand_longest, total + len(jr.ids)) > budget:
                 keep.append(j)
                 keep.extend(self._queue)
                 self._queue.clear()
                 break
-            jobs.append(j)
-            rows += j.rows.n
-            longest, total = cand_longest, total + len(j.rows.ids)
+            jobs.append((j, jr))
+            n += jr.n
+            longest, total = cand_longest, total + len(jr.ids)
         keep.extend(self._queue)
         self._queue.clear()
         self._queue.extend(keep)
@@ -263,7 +283,7 @@ class Batcher:
                 if isinstance(jobs[0], _Call):
                     self._run_call(jobs[0])
                     continue
-                jobs = [j for j in jobs if not j.future.cancelled()]
+                jobs = [p for p in jobs if not p[0].future.cancelled()]
                 if jobs:
                     self._run_batch(jobs)
             finally:
@@ -277,64 +297,70 @@ class Batcher:
         except BaseException as e:  # noqa: BLE001 - delivered to the awaiting coroutine
             job.loop.call_soon_threadsafe(_set_exception, job.future, e)
 
-    def _forward_within_budget(self, checkpoint: str, rows: PackedRows, jobs: list = ()) -> tuple[list, np.ndarray]:
-        """Per-row logits (float32 [k]) and act logits for `rows`. Rows whose padded cost exceeds
-        the token budget (one large request, or several coalesced by a gateway) run as several
-        forwards that each fit it, so no batch lands in a shape the warmup did not prepare. A packing
-        runner splits by its own plan (real tokens per forward), so it gets the rows whole."""
-        runner = self._get_runner(checkpoint)
-        pad_id, counts = self._pad_id_of(checkpoint), rows.marker_counts
-        cost = self._cost(checkpoint)
+    def _forward(self, checkpoint: str, rows: PackedRows) -> tuple[list, np.ndarray]:
+        """Per-row logits (float32 [k]) and act logits for `rows`, in one forward (`_merge` kept it
+        within the token budget, so it lands in a shape the warmup prepared)."""
+        counts = rows.marker_counts
         L = -(-int(rows.lengths.max()) // self.length_multiple) * self.length_multiple
-        per = rows.n
-        while getattr(runner, "packing", None) is None and per > 1 and cost(per, L, per * L) > self.max_batch_tokens:
-            per = (per + 1) // 2
-        logits, acts = [], []
-        for a in range(0, rows.n, per):
-            if a and self._stop:
-                raise LayaError(Kind.BUSY, "inference service is shutting down")
-            if a and jobs and all(j.future.cancelled() for j in jobs):
-                raise _AllCancelled()
-            idx = range(a, min(a + per, rows.n))
-            part = rows if per >= rows.n else rows.take(idx)
-            FAULTS.before_forward()   # no-op unless a test set LAYA_TEST_FAULTS (inference/faults.py)
-            lg, ac = runner.run_rows(part, pad_id, pad_to=L)
-            logits += [lg[i - a, : int(counts[i])].astype(np.float32, copy=True) for i in idx]
-            acts.append(ac[: len(idx)])
-        return logits, np.concatenate(acts).astype(np.float32, copy=True)
+        FAULTS.before_forward()   # no-op unless a test set LAYA_TEST_FAULTS (inference/faults.py)
+        lg, ac = self._get_runner(checkpoint).run_rows(rows, self._pad_id_of(checkpoint), pad_to=L)
+        return ([lg[i, : int(counts[i])].astype(np.float32, copy=True) for i in range(rows.n)],
+                ac[: rows.n].astype(np.float32, copy=True))
 
-    def _run_batch(self, jobs: list[_Job]) -> None:
+    def _run_batch(self, parts: list) -> None:
+        """One forward of `parts` ((job, rows) from `_merge`); each job whose rows are all done gets
+        its result, a job with rows left goes back to the end of the queue."""
         start = time.perf_counter()
+        checkpoint = parts[0][0].checkpoint
         try:
-            rows = PackedRows.concat([j.rows for j in jobs])
-            logits, act = self._forward_within_budget(jobs[0].checkpoint, rows, jobs)
-        except _AllCancelled:
-            self._idle_since = time.perf_counter()
-            return
+            rows = parts[0][1] if len(parts) == 1 else PackedRows.concat([r for _, r in parts])
+            logits, act = self._forward(checkpoint, rows)
         except BaseException as e:  # noqa: BLE001
             err = e if isinstance(e, LayaError) else LayaError(Kind.INTERNAL, "forward failed: %s: %s" % (type(e).__name__, e))
             if not isinstance(e, LayaError):
-                log.exception("forward failed", extra={"request_id": ",".join(j.request_id for j in jobs if j.request_id)})
-            for j in jobs:
+                log.exception("forward failed", extra={"request_id": ",".join(j.request_id for j, _ in parts if j.request_id)})
+            for j, _ in parts:
                 j.loop.call_soon_threadsafe(_set_exception, j.future, err)
             self._idle_since = time.perf_counter()
             return
         self._idle_since = end = time.perf_counter()
         model_ms = (end - start) * 1e3
-        at = 0
-        for j in jobs:
-            n = j.rows.n
-            res = BatchResult(
-                logits=logits[at: at + n], act_logits=act[at: at + n],
-                queue_ms=(start - j.enqueued) * 1e3, model_ms=model_ms, batch_rows=rows.n)
-            at += n
+        at, again = 0, []
+        for j, r in parts:
+            if j.done == 0:
+                j.started = start
+            j.logits += logits[at: at + r.n]
+            j.acts.append(act[at: at + r.n])
+            j.done += r.n
+            j.model_ms += model_ms
+            j.batch_rows = max(j.batch_rows, rows.n)
+            at += r.n
+            if j.done < j.rows.n:
+                again.append(j)
+                continue
+            res = BatchResult(logits=j.logits, act_logits=j.acts[0] if len(j.acts) == 1 else np.concatenate(j.acts),
+                              queue_ms=(j.started - j.enqueued) * 1e3, model_ms=j.model_ms, batch_rows=j.batch_rows)
             j.loop.call_soon_threadsafe(_set_result, j.future, res)
+        if again:
+            self._requeue(again)
         # bookkeeping after the waiters are woken, off their path
-        self._learn(jobs[0].checkpoint, self._cost(jobs[0].checkpoint)(rows.n, int(rows.lengths.max()), len(rows.ids)),
-                    model_ms)
-        metrics.FORWARD_SECONDS.labels(jobs[0].checkpoint).observe(model_ms / 1e3)
+        self._learn(checkpoint, self._cost(checkpoint)(rows.n, int(rows.lengths.max()), len(rows.ids)), model_ms)
+        metrics.FORWARD_SECONDS.labels(checkpoint).observe(model_ms / 1e3)
         metrics.BATCH_ROWS.observe(rows.n)
         metrics.QUEUE_DEPTH.set(self.depth)
+
+    def _requeue(self, jobs: list) -> None:
+        """Jobs with rows left go behind everything queued meanwhile (dropped if their caller has
+        gone; failed if the service is stopping)."""
+        with self._cv:
+            stopping = self._stop
+            if not stopping:
+                self._queue.extend(j for j in jobs if not j.future.cancelled())
+                self._cv.notify()
+        if stopping:
+            err = LayaError(Kind.BUSY, "inference service is shutting down")
+            for j in jobs:
+                j.loop.call_soon_threadsafe(_set_exception, j.future, err)
 
 
 def _set_result(fut: asyncio.Future, value) -> None:

@@ -40,7 +40,6 @@ class Slot:
     detail: str = ""
     ckpt: object = None               # laya_grpc.core.checkpoint.Checkpoint
     runner: object = None
-    temps: Optional[Temperatures] = None
     fingerprint: str = ""
     sha256: str = ""
     config_json: str = ""
@@ -146,7 +145,7 @@ class Registry:
                 await self.run_on_device(runner.close)   # unreadable file: do not keep a half-registered runner
                 raise
             s.ckpt, s.runner = ckpt, runner
-            s.temps = Temperatures.from_config(ckpt.config)
+            Temperatures.from_config(ckpt.config)   # a bad config fails the load, not each request (the gateway decodes)
             s.sha256, s.fingerprint, s.config_json = sha, fingerprint, json.dumps(ckpt.config)
             s.pad_id = int(ckpt.special.pad_id)
             s.load_ms = (time.perf_counter() - t0) * 1e3

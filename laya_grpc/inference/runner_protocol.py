@@ -43,7 +43,7 @@ class Runner(Protocol):
 
     # Optional (torch): `start_rows(rows, pad_id) -> Started`, the same forward without waiting for
     # it, so the caller's thread tokenizes and decodes meanwhile (in-process pipelining,
-    # cli/inprocess.py). Runners without it (MLX) are called with run_rows only.
+    # engine/inprocess.py). Runners without it (MLX) are called with run_rows only.
 
     def device(self) -> str: ...
     def dtype(self) -> str: ...

@@ -15,12 +15,13 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import draining, flags, ipc, logs, memory, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, logs, memory, metrics, request_id, rpc, tracing
+from laya_grpc.core.calls import serve_calls
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.decode import softmax_f32
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokens_pb2
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc
+from laya_proto.v1 import status_pb2, tokens_pb2
 
 from .batcher import Batcher
 from .faults import FAULTS
@@ -62,8 +63,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         return await self.infer(request)
 
     async def InferStream(self, request_iterator, context):
-        await streams.serve_calls(request_iterator, context, self.infer, inference_pb2.InferReply,
-                                  tokens_pb2.CallError, "Infer")
+        await serve_calls(request_iterator, context, self.infer, inference_pb2.InferReply,
+                          tokens_pb2.CallError, "Infer")
 
     async def infer(self, request) -> inference_pb2.InferResponse:
         request_id.begin(",".join(o.request_id for o in request.origins),   # this call's own task
@@ -101,11 +102,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                       res.batch_rows, res.queue_ms, res.model_ms)
         tracing.record_batched([o.traceparent for o in request.origins], call_start, res.queue_ms, res.model_ms,
                                checkpoint=slot.name, batch_rows=res.batch_rows, call_rows=rows.n)
-        probs = [softmax_f32(lg / np.float32(slot.temps.for_question(q, len(lg))))
-                 for lg, q in zip(res.logits, rows.qtypes.tolist())]
         return inference_pb2.InferResponse(
             logits=np.concatenate(res.logits).astype("<f4").tobytes(),
-            probabilities=np.concatenate(probs).astype("<f4").tobytes(),
             act_logits=res.act_logits.astype("<f4").tobytes(), n_act=int(res.act_logits.shape[1]),
             device=device, dtype=dtype, queue_ms=res.queue_ms,
             model_ms=res.model_ms, batch_rows=res.batch_rows)

@@ -21,13 +21,13 @@ is provably exact for the tokenizer (split_encode.py).
 """
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.question_wire import StateText, state_of
 from laya_grpc.core.questions import Question
 
 from .special_tokens import load_tokenizer
@@ -68,13 +68,6 @@ class _Head:
     n_options: int
     distinct: int
     tokens_per_option: Optional[int]
-
-
-def serialize_state(state: Any) -> str:
-    """A str state as is; anything else `json.dumps(state, ensure_ascii=False)` (default separators)."""
-    if isinstance(state, str):
-        return state
-    return json.dumps(state, ensure_ascii=False)
 
 
 def parallel_layout(markers: Sequence[int], head_len: int, length: int) -> tuple[list[int], list[int]]:
@@ -187,8 +180,9 @@ class TextEncoder:
                         missing[key] = (q, hml)
         for job in jobs:
             first = len(texts)
+            job.states = [state_of(s) for s in job.states]   # each state's text and cut side, made once
             if job.questions:
-                texts.extend(self._scrub(serialize_state(s)) for s in job.states)
+                texts.extend(self._scrub(s.text) for s in job.states)
             plans.append(first)
         spans = []
         for key, (q, hml) in missing.items():
@@ -218,11 +212,11 @@ class TextEncoder:
                 results.append(e)
         return results
 
-    def _assemble(self, state: Any, state_ids, questions: list[Question], heads: dict,
+    def _assemble(self, state: StateText, state_ids, questions: list[Question], heads: dict,
                   max_len: int, head_max_len: int) -> EncodedState:
         """Upstream `_encode_state` + `build_sequence` for one state, and its usage block
         (`state_ids`: a list or a `PieceIds`; only its length and slices are used)."""
-        truncate_left = isinstance(state, list)
+        truncate_left = state.keep_end
         rows: list[Row] = []
         dropped_by_q: list[int] = []
         collapsed: dict[str, dict] = {}

@@ -11,6 +11,7 @@ from concurrent.futures import Executor
 from typing import Optional
 
 from laya_grpc.core import metrics
+from laya_grpc.core.question_wire import StateText
 
 from .encoding import EncodeJob, TextEncoder
 
@@ -21,7 +22,7 @@ INLINE_CHARS = 8192
 
 
 def _chars(job: EncodeJob) -> int:
-    return sum(len(s) if isinstance(s, str) else 256 for s in job.states)
+    return sum(len(s.text) if isinstance(s, StateText) else len(s) if isinstance(s, str) else 256 for s in job.states)
 
 
 class MicroBatcher:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
 import time
@@ -15,18 +14,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import draining, flags, ipc, logs, memory, metrics, request_id, rpc, streams, tracing
+from laya_grpc.core import draining, flags, ipc, logs, memory, metrics, request_id, rpc, tracing
+from laya_grpc.core.calls import serve_calls
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.questions import parse_questions
+from laya_grpc.core.question_wire import StateText, question_from_text, usage_to_proto
 from laya_grpc.core.sources import open_source
-from laya_proto.v1 import tokenizer_pb2, tokenizer_pb2_grpc, tokens_pb2
+from laya_proto.internal.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from laya_proto.v1 import tokens_pb2
 
 from .encoding import EncodeJob, TextEncoder
 from .microbatch import MicroBatcher
 from .settings import TokenizerSettings
-from laya_grpc.core.question_wire import question_from_text
 
 log = logging.getLogger("laya_grpc.tokenizer")
 SERVICE_NAME = tokenizer_pb2.DESCRIPTOR.services_by_name["TokenizerService"].full_name
@@ -80,8 +80,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
         return await self.tokenize(request)
 
     async def TokenizeStream(self, request_iterator, context):
-        await streams.serve_calls(request_iterator, context, self.tokenize, tokenizer_pb2.TokenizeReply,
-                                  tokens_pb2.CallError, "Tokenize")
+        await serve_calls(request_iterator, context, self.tokenize, tokenizer_pb2.TokenizeReply,
+                          tokens_pb2.CallError, "Tokenize")
 
     async def tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
         # this call's own task: its log lines carry the request id and trace id
@@ -105,17 +105,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
 
     async def _tokenize(self, request) -> tokenizer_pb2.TokenizeResponse:
         tok = self._get(request.checkpoint)
-        texts, questions_json = list(request.states_json), request.questions_json
-        self.trim.add(sum(map(len, texts)) + len(questions_json))
-        try:
-            states = [json.loads(s) for s in texts]
-            questions_obj = json.loads(questions_json) if questions_json else None
-        except ValueError as e:
-            raise LayaError(Kind.BAD_REQUEST, "states_json/questions_json must be JSON: %s" % e) from None
-        if questions_obj is not None and len(request.questions):
-            raise LayaError(Kind.INVALID, "send questions_json or questions, not both")
-        questions = parse_questions(questions_obj) if questions_obj is not None else \
-            [question_from_text(q) for q in request.questions]
+        states = [StateText(s.text, s.keep_end) for s in request.states]   # already rendered by the caller
+        self.trim.add(sum(len(s.text) for s in states))
+        questions = [question_from_text(q) for q in request.questions]
         max_len = request.max_len if request.HasField("max_len") else None
         head_max_len = request.head_max_len if request.HasField("head_max_len") else None
         t0 = time.perf_counter()
@@ -123,9 +115,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
             tok.batcher = MicroBatcher(tok.encoder, self.pool)
         encoded = await tok.batcher.encode(EncodeJob(states, questions, max_len, head_max_len))
         rows = PackedRows.from_rows([r for e in encoded for r in e.rows], tok.encoder.fingerprint)
-        resp = tokenizer_pb2.TokenizeResponse(rows_per_state=len(questions),
-                                              usage_json=[json.dumps(e.usage, ensure_ascii=False) for e in encoded],
-                                              tokenize_ms=(time.perf_counter() - t0) * 1e3)
+        resp = tokenizer_pb2.TokenizeResponse(rows_per_state=len(questions), tokenize_ms=(time.perf_counter() - t0) * 1e3)
+        for e in encoded:
+            usage_to_proto(e.usage, resp.usage.add())
         rows.to_proto(resp.rows)
         return resp
 

@@ -181,7 +181,7 @@ def rayon_threads() -> int:
     """How many threads `encode_batch` can use: 1 when TOKENIZERS_PARALLELISM turns it off, else
     rayon's RAYON_NUM_THREADS (or legacy RAYON_RS_NUM_CPUS), else the CPUs this process may use
     (affinity mask and cgroup quota, as rayon's own default counts them)."""
-    if (flags.external("TOKENIZERS_PARALLELISM") or "true").lower() in _FALSY:
+    if flags.external("TOKENIZERS_PARALLELISM", "true").lower() in _FALSY:
         return 1
     for name in ("RAYON_NUM_THREADS", "RAYON_RS_NUM_CPUS"):
         value = flags.external(name) or ""

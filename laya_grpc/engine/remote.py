@@ -1,14 +1,13 @@
-"""`Services` over gRPC: the calls to the tokenizer and inference services.
+"""`Services` over the internal contract: the calls to the tokenizer and inference services.
 
-Tokenize and Infer go over one multiplexed stream to a backend given as one endpoint
-(core/streams.py): on one host most of a unary call's cost is setting it up. A backend given as
-several replicas (a list or a dns:/// name) gets unary calls on its balanced channel instead
-(balancing.py): a stream is pinned to one replica, a unary call is balanced, health-checked and
-retried on another replica by gRPC. A backend given as `ipc://` endpoints (serve's own
-children, same host) gets its calls as framed messages on unix sockets instead (core/ipc.py, `IpcReplicas`), and
-is watched over the gRPC address each endpoint names. Infer calls of concurrent requests are merged first
-(coalesce.py). Every call asks for at most the time left to its request (deadline.py). What the gateway observes of the backends
-(health, status, readiness) is `BackendWatch` (backends.py); the /health payload is health.py.
+Every Tokenize and Infer call goes through one call multiplexer per backend replica
+(core/calls.py `CallMux`): framed messages on a unix socket for `ipc://` endpoints (serve's own
+children, core/ipc.py), a long-lived gRPC stream for the other endpoints (on one host most of a
+unary call's cost is setting it up), or, for a `dns:///` name that only gRPC can resolve, unary
+calls on a channel gRPC balances (balancing.py). `Replicas` picks the replica of each call.
+Backends are watched over their gRPC addresses (`BackendWatch`, backends.py; the /health payload
+is health.py). Infer calls of concurrent requests are merged first (coalesce.py). Every call asks
+for at most the time left to its request (deadline.py).
 """
 from __future__ import annotations
 
@@ -20,12 +19,13 @@ from typing import Any, Optional, Sequence
 import grpc
 import numpy as np
 
-from laya_grpc.core import ipc, request_id, rpc, streams, timing, tracing
+from laya_grpc.core import calls, ipc, request_id, rpc, timing, tracing
 from laya_grpc.core.errors import LayaError
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.question_wire import question_to_text
-from laya_proto.v1 import inference_pb2, status_pb2, tokenizer_pb2, tokenizer_pb2_grpc
+from laya_grpc.core.question_wire import StateText, question_to_text, state_of, usage_from_proto
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
+from laya_proto.v1 import status_pb2
 
 from . import balancing, coalesce, deadline
 from .backends import BackendWatch
@@ -36,39 +36,11 @@ from .services import CheckpointInfo, Encoded, InferResult
 
 S = status_pb2
 # The task of the request whose context this is. An Infer call carries that request's deadline only
-# when it runs in that task, which then sends that request's rows alone (all of them, or one chunk
-# of a large request: coalesce.py): a call that merges several requests' rows runs in a helper task
+# when it runs in that task, which then sends that request's rows alone (coalesce.py): a call that
+# merges several requests' rows runs in a helper task
 # (a context copied from another request, possibly one long answered), so it is bounded by
 # infer_timeout_s and each of its requests by its own backend calls.
 _OWN_TASK: contextvars.ContextVar = contextvars.ContextVar("laya_own_task", default=None)
-
-
-class UnaryCalls:
-    """The StreamMux interface over plain unary calls (a balanced channel); an internal failure
-    is tried once more on the next replica (balancing.once_more)."""
-
-    def __init__(self, method, what: str, target: str = ""):
-        self._method, self.what, self.target = method, what, target
-
-    async def call(self, request, timeout: Optional[float] = None):
-        return await balancing.once_more(lambda left, _: self._attempt(request, left), timeout, self.what.split()[0])
-
-    async def _attempt(self, request, timeout: Optional[float]):
-        try:
-            return await self._method(request, timeout=timeout)
-        except grpc.aio.AioRpcError as e:
-            err = rpc.error_from_rpc(e, self.what)
-            balancing.count_error(self.what.split()[0], self.target, err)
-            raise err from None
-
-    async def close(self) -> None:
-        pass
-
-
-def backend_calls(balanced: bool, stream_method, unary_method, call_cls, what: str, target: str = ""):
-    if balanced:
-        return UnaryCalls(unary_method, what, target)
-    return streams.StreamMux(stream_method, call_cls, what)
 
 
 # Token arrays one Tokenize reply may carry. A batch whose rows would make a larger reply (the
@@ -79,14 +51,14 @@ TOKENIZE_REPLY_BUDGET = min(16 * 1024 * 1024, rpc.MAX_MESSAGE_BYTES // 4)
 _BYTES_PER_TOKEN = 12   # ids, and for parallel-option checkpoints position and option ids (int32 each)
 
 
-def reply_groups(states_json: Sequence[str], texts: Sequence[Any], row_cap: int,
+def reply_groups(states: Sequence[StateText], texts: Sequence[Any], row_cap: int,
                  budget: int = TOKENIZE_REPLY_BUDGET) -> list:
     """Consecutive groups of state indices whose Tokenize replies stay within the budget. A row's
     tokens are bounded by its characters (UTF-8 bytes) and by the row cap, when known."""
     longest_q = max((t.ByteSize() for t in texts), default=0) + 16
     groups, cur, size = [], [], 0
-    for i, s in enumerate(states_json):
-        row = len(s.encode("utf-8", "surrogatepass")) + longest_q
+    for i, s in enumerate(states):
+        row = len(s.text.encode("utf-8", "surrogatepass")) + longest_q
         est = len(texts) * (min(row, row_cap) if row_cap else row) * _BYTES_PER_TOKEN
         if cur and size + est > budget:
             groups.append(cur)
@@ -106,13 +78,23 @@ def _watched(target: BackendTarget, links: list, flag: str) -> BackendTarget:
     return parse_target([link.grpc for link in links], flag) if links else target
 
 
-class IpcReplicas:
-    """Calls over IPC (unix sockets) to one or more replicas of a backend. A call goes to the first
-    replica in list order that reports SERVING and has no call of this gateway in flight, else to the
-    serving one with the fewest (all of them count when none is serving, so the error names the
-    cause). A call refused as unavailable or busy, or failed by the replica's device (internal), is
-    tried once more on another serving replica within its deadline, as the gRPC balanced channel
-    does (balancing.py).
+def _muxes(links: list, backends: list, stub_cls, method: str, call_cls, reply_cls, what: str) -> list:
+    """One call multiplexer per replica: on its unix socket (`ipc://` links), else on a gRPC stream
+    of the replica's channel (`<method>Stream`); a `dns:///` backend, whose replicas only gRPC's
+    balanced channel knows, gets one whose calls are unary calls on that channel (balancing.py)."""
+    if links:
+        return [ipc.mux(link.ipc, call_cls, reply_cls, what) for link in links]
+    return [calls.CallMux(calls.UnaryTransport(getattr(stub_cls(b.channel), method), what), call_cls) if b.balanced
+            else calls.stream_mux(getattr(stub_cls(b.channel), method + "Stream"), call_cls, what) for b in backends]
+
+
+class Replicas:
+    """Calls to one or more replicas of a backend, each over its own `CallMux`. A call goes to the
+    first replica in list order that reports SERVING and has no call of this gateway in flight, else
+    to the serving one with the fewest (all of them count when none is serving, so the error names
+    the cause). A call refused as busy, or failed by the replica's device (internal), is tried once
+    more on another serving replica within its deadline (balancing.py), and errors are counted per
+    replica.
 
     Why first-idle rather than taking turns: a lone stream of requests then stays on one process,
     whose caches, allocator and threads stay warm, instead of waking each of n idle processes in
@@ -120,12 +102,14 @@ class IpcReplicas:
     `serve` hands each gateway worker the list rotated by its index, so the workers' first choices
     differ."""
 
-    def __init__(self, links: list, backends: list, call_cls, reply_cls, what: str):
-        self._muxes = [ipc.IpcMux(link.ipc, call_cls, reply_cls, what) for link in links]
-        self._names, self.what = [link.grpc for link in links], what
-        # parse_target keeps the order of unix endpoints, so backend i watches link i
-        self._backends = backends if len(backends) == len(links) else [None] * len(links)
-        self._inflight = [0] * len(links)
+    def __init__(self, muxes: list, backends: list, what: str):
+        self._muxes, self.what = muxes, what
+        # parse_target keeps the order of the endpoints, so backend i watches replica i
+        self._backends = backends if len(backends) == len(muxes) else [None] * len(muxes)
+        self._names = [b.address if b is not None else what for b in self._backends]   # error counters' label
+        # a dns:/// name's one balanced channel spreads its calls: a retry on it reaches another replica
+        self._retry_alone = len(muxes) == 1 and getattr(self._backends[0], "balanced", False)
+        self._inflight = [0] * len(muxes)
 
     def _pick(self, skip: int = -1) -> int:
         n = len(self._muxes)
@@ -135,7 +119,7 @@ class IpcReplicas:
 
     async def call(self, request, timeout: Optional[float] = None):
         first = self._pick()
-        if len(self._muxes) == 1:
+        if len(self._muxes) == 1 and not self._retry_alone:
             return await self._call_on(first, request, timeout)
 
         async def attempt(left: Optional[float], retry: bool):   # a retry goes to another replica
@@ -163,15 +147,12 @@ class RemoteServices(BackendWatch):
         tok_links, inf_links = _links(tokenizer), _links(inference)
         super().__init__(_watched(tokenizer, tok_links, "--tokenizer"), _watched(inference, inf_links, "--inference"),
                          feed)
-        tok = tokenizer_pb2_grpc.TokenizerServiceStub(self.tokenizer_channel)
-        self._tok_call = (IpcReplicas(tok_links, self.tokenizers, tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply,
-                                      "tokenizer service") if tok_links else
-                          backend_calls(tokenizer.balanced, tok.TokenizeStream, tok.Tokenize,
-                                        tokenizer_pb2.TokenizeCall, "tokenizer service", tokenizer.spec))
-        self._inf_call = (IpcReplicas(inf_links, self.inferences, inference_pb2.InferCall, inference_pb2.InferReply,
-                                      "inference service") if inf_links else
-                          backend_calls(inference.balanced, self._inf.InferStream, self._inf.Infer,
-                                        inference_pb2.InferCall, "inference service", inference.spec))
+        self._tok_call = Replicas(_muxes(tok_links, self.tokenizers, tokenizer_pb2_grpc.TokenizerServiceStub,
+                                         "Tokenize", tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply,
+                                         "tokenizer service"), self.tokenizers, "tokenizer service")
+        self._inf_call = Replicas(_muxes(inf_links, self.inferences, inference_pb2_grpc.InferenceServiceStub,
+                                         "Infer", inference_pb2.InferCall, inference_pb2.InferReply,
+                                         "inference service"), self.inferences, "inference service")
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._coalescer = InferCoalescer(self._infer_call)
         self._infos: dict = {}   # name -> (config_json, CheckpointInfo)
@@ -181,32 +162,33 @@ class RemoteServices(BackendWatch):
             t.cancel()
         for m in (self._tok_call, self._inf_call):
             await m.close()
-        for ch in {id(c): c for c in [b.channel for b in self.backends]
-                   + [self.tokenizer_channel, self.inference_channel]}.values():
-            await ch.close()
+        for b in self.backends:
+            await b.channel.close()
 
     # -- Services -------------------------------------------------------------------------
     async def tokenize(self, checkpoint: str, states: Sequence[Any], questions: Sequence[Any],
                        max_len: Optional[int], head_max_len: Optional[int]) -> list[Encoded]:
-        states_json = [json.dumps(s, ensure_ascii=False) for s in states]
+        states = [state_of(s) for s in states]   # each state's text, rendered once here
         texts = []
         for q in questions:
             texts.append(tokenizer_pb2.QuestionText())
             question_to_text(q, texts[-1])
-        if len(states_json) == 1:   # the usual request: nothing to split (one state's rows stay far below)
-            return await self._tokenize(checkpoint, states_json, texts, max_len, head_max_len)
+        if len(states) == 1:   # the usual request: nothing to split (one state's rows stay far below)
+            return await self._tokenize(checkpoint, states, questions, texts, max_len, head_max_len)
         st = self._checkpoint_status(checkpoint)
-        groups = reply_groups(states_json, texts, max_len or (st.max_row_tokens if st is not None else 0))
+        groups = reply_groups(states, texts, max_len or (st.max_row_tokens if st is not None else 0))
         if len(groups) == 1:
-            return await self._tokenize(checkpoint, states_json, texts, max_len, head_max_len)
+            return await self._tokenize(checkpoint, states, questions, texts, max_len, head_max_len)
         out = []   # one call at a time: other requests' tokenize calls get their turn between them
         for g in groups:
-            out += await self._tokenize(checkpoint, [states_json[i] for i in g], texts, max_len, head_max_len)
+            out += await self._tokenize(checkpoint, [states[i] for i in g], questions, texts, max_len, head_max_len)
         return out
 
-    async def _tokenize(self, checkpoint: str, states_json: list, texts: list, max_len: Optional[int],
-                        head_max_len: Optional[int]) -> list[Encoded]:
-        req = tokenizer_pb2.TokenizeRequest(checkpoint=checkpoint, states_json=states_json)
+    async def _tokenize(self, checkpoint: str, states: list, questions: Sequence[Any], texts: list,
+                        max_len: Optional[int], head_max_len: Optional[int]) -> list[Encoded]:
+        req = tokenizer_pb2.TokenizeRequest(checkpoint=checkpoint)
+        for s in states:
+            req.states.add(text=s.text, keep_end=s.keep_end)
         req.questions.extend(texts)
         if max_len is not None:
             req.max_len = max_len
@@ -217,8 +199,9 @@ class RemoteServices(BackendWatch):
         timing.add("tokenize_server", resp.tokenize_ms)
         rows = PackedRows.from_proto(resp.rows)
         per = resp.rows_per_state
-        return [Encoded(rows.take(range(k * per, (k + 1) * per)), json.loads(u))
-                for k, u in enumerate(resp.usage_json)]
+        order = [q.qid for q in questions]
+        return [Encoded(rows.take(range(k * per, (k + 1) * per)), usage_from_proto(u, order))
+                for k, u in enumerate(resp.usage)]
 
     async def infer(self, checkpoint: str, rows) -> InferResult:
         packed = PackedRows.concat(list(rows)) if isinstance(rows, (list, tuple)) else rows
@@ -251,8 +234,10 @@ class RemoteServices(BackendWatch):
         st = self._checkpoint_status(name)
         if st is None or st.state != S.STATE_READY or not st.config_json:
             try:
-                st = await self._inf.LoadCheckpoint(inference_pb2.LoadCheckpointRequest(checkpoint=name),
-                                                    timeout=deadline.timeout(self.infer_timeout_s))
+                # the replica whose status stands for all (they serve one checkpoint set)
+                stub = inference_pb2_grpc.InferenceServiceStub(self.inference.channel)
+                st = await stub.LoadCheckpoint(inference_pb2.LoadCheckpointRequest(checkpoint=name),
+                                               timeout=deadline.timeout(self.infer_timeout_s))
             except grpc.aio.AioRpcError as e:
                 raise rpc.error_from_rpc(e, "inference service") from None
         cached = self._infos.get(st.name)

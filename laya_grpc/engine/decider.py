@@ -1,6 +1,6 @@
 """The decision flow behind both front ends: route -> tokenize -> infer -> decode -> assemble.
 
-Transport-free: it takes the typed requests of `laya_grpc.gateway.contract` and returns upstream `laya serve`
+Transport-free: it takes the typed requests of `laya_grpc.engine.requests` and returns upstream `laya serve`
 0.4.15's response dicts (key order included), so the HTTP app only renders them and the gRPC API
 maps them. Each step's failure is a LayaError from the layer that found it.
 
@@ -13,7 +13,7 @@ each routed on its own state exactly as upstream's `Router.predict_batch` does.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 from laya_grpc.core import request_id, timing, tracing
 from laya_grpc.core.confidence_gate import Threshold, apply_gate
@@ -22,9 +22,8 @@ from laya_grpc.core.questions import Question
 from laya_grpc.core.routing import RouteTable, Routing, route
 from laya_grpc.core.temperatures import Temperatures
 
-from .contract import BatchRequest, Controls, DecideRequest
+from .requests import BatchRequest, Controls, DecideRequest
 from .services import Services
-from .settings import GatewaySettings
 
 # rows (states x questions) per chunk when a call's states go through the pipeline in chunks
 # (`Decider._pipelined`): enough for an efficient forward, few enough that the first chunk's
@@ -32,11 +31,17 @@ from .settings import GatewaySettings
 PIPELINE_ROWS = 64
 
 
+class AnswerSettings(Protocol):
+    """The served settings the answer loop reads (the gateway's `GatewaySettings`)."""
+    auto_task: bool     # LAYA_AUTO_TASK: workflow-id routing
+    jev_strict: bool    # LAYA_JEV_STRICT: strict Jev projection
+
+
 class Decider:
     """Routes, answers and finishes requests on any `Services`: `RemoteServices` (gRPC, the gateway)
-    or the in-process one (`laya_grpc.cli.inprocess`, `laya-grpc predict` and contract tests)."""
+    or the in-process one (`laya_grpc.engine.inprocess`, `laya-grpc predict` and contract tests)."""
 
-    def __init__(self, services: Services, route_table: RouteTable, settings: GatewaySettings):
+    def __init__(self, services: Services, route_table: RouteTable, settings: AnswerSettings):
         self.services = services
         self.route_table = route_table
         self.settings = settings

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from laya_proto.v1 import inference_pb2 as laya__proto_dot_v1_dot_inference__pb2
+from laya_proto.internal.v1 import inference_pb2 as laya__proto_dot_internal_dot_v1_dot_inference__pb2
 from laya_proto.v1 import status_pb2 as laya__proto_dot_v1_dot_status__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in laya_proto/v1/inference_pb2_grpc.py depends on'
+        + ' but the generated code in laya_proto/internal/v1/inference_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -27,7 +27,7 @@ if _version_not_supported:
 
 
 class InferenceServiceStub:
-    """The resident model service: token rows in, per-option logits/probabilities and act outputs out.
+    """The resident model service: token rows in, per-option logits and act outputs out (the caller decodes them).
     """
 
     def __init__(self, channel):
@@ -37,39 +37,39 @@ class InferenceServiceStub:
             channel: A grpc.Channel.
         """
         self.Infer = channel.unary_unary(
-                '/laya_proto.v1.InferenceService/Infer',
-                request_serializer=laya__proto_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
-                response_deserializer=laya__proto_dot_v1_dot_inference__pb2.InferResponse.FromString,
+                '/laya_proto.internal.v1.InferenceService/Infer',
+                request_serializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
+                response_deserializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferResponse.FromString,
                 _registered_method=True)
         self.InferStream = channel.stream_stream(
-                '/laya_proto.v1.InferenceService/InferStream',
-                request_serializer=laya__proto_dot_v1_dot_inference__pb2.InferCall.SerializeToString,
-                response_deserializer=laya__proto_dot_v1_dot_inference__pb2.InferReply.FromString,
+                '/laya_proto.internal.v1.InferenceService/InferStream',
+                request_serializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferCall.SerializeToString,
+                response_deserializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferReply.FromString,
                 _registered_method=True)
         self.ListCheckpoints = channel.unary_unary(
-                '/laya_proto.v1.InferenceService/ListCheckpoints',
-                request_serializer=laya__proto_dot_v1_dot_inference__pb2.ListCheckpointsRequest.SerializeToString,
-                response_deserializer=laya__proto_dot_v1_dot_inference__pb2.ListCheckpointsResponse.FromString,
+                '/laya_proto.internal.v1.InferenceService/ListCheckpoints',
+                request_serializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.ListCheckpointsRequest.SerializeToString,
+                response_deserializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.ListCheckpointsResponse.FromString,
                 _registered_method=True)
         self.LoadCheckpoint = channel.unary_unary(
-                '/laya_proto.v1.InferenceService/LoadCheckpoint',
-                request_serializer=laya__proto_dot_v1_dot_inference__pb2.LoadCheckpointRequest.SerializeToString,
+                '/laya_proto.internal.v1.InferenceService/LoadCheckpoint',
+                request_serializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.LoadCheckpointRequest.SerializeToString,
                 response_deserializer=laya__proto_dot_v1_dot_status__pb2.CheckpointStatus.FromString,
                 _registered_method=True)
         self.GetStatus = channel.unary_unary(
-                '/laya_proto.v1.InferenceService/GetStatus',
+                '/laya_proto.internal.v1.InferenceService/GetStatus',
                 request_serializer=laya__proto_dot_v1_dot_status__pb2.StatusRequest.SerializeToString,
                 response_deserializer=laya__proto_dot_v1_dot_status__pb2.ServiceStatus.FromString,
                 _registered_method=True)
         self.WatchStatus = channel.unary_stream(
-                '/laya_proto.v1.InferenceService/WatchStatus',
+                '/laya_proto.internal.v1.InferenceService/WatchStatus',
                 request_serializer=laya__proto_dot_v1_dot_status__pb2.StatusRequest.SerializeToString,
                 response_deserializer=laya__proto_dot_v1_dot_status__pb2.ServiceStatus.FromString,
                 _registered_method=True)
 
 
 class InferenceServiceServicer:
-    """The resident model service: token rows in, per-option logits/probabilities and act outputs out.
+    """The resident model service: token rows in, per-option logits and act outputs out (the caller decodes them).
     """
 
     def Infer(self, request, context):
@@ -116,22 +116,22 @@ def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Infer': grpc.unary_unary_rpc_method_handler(
                     servicer.Infer,
-                    request_deserializer=laya__proto_dot_v1_dot_inference__pb2.InferRequest.FromString,
-                    response_serializer=laya__proto_dot_v1_dot_inference__pb2.InferResponse.SerializeToString,
+                    request_deserializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferRequest.FromString,
+                    response_serializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferResponse.SerializeToString,
             ),
             'InferStream': grpc.stream_stream_rpc_method_handler(
                     servicer.InferStream,
-                    request_deserializer=laya__proto_dot_v1_dot_inference__pb2.InferCall.FromString,
-                    response_serializer=laya__proto_dot_v1_dot_inference__pb2.InferReply.SerializeToString,
+                    request_deserializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferCall.FromString,
+                    response_serializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferReply.SerializeToString,
             ),
             'ListCheckpoints': grpc.unary_unary_rpc_method_handler(
                     servicer.ListCheckpoints,
-                    request_deserializer=laya__proto_dot_v1_dot_inference__pb2.ListCheckpointsRequest.FromString,
-                    response_serializer=laya__proto_dot_v1_dot_inference__pb2.ListCheckpointsResponse.SerializeToString,
+                    request_deserializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.ListCheckpointsRequest.FromString,
+                    response_serializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.ListCheckpointsResponse.SerializeToString,
             ),
             'LoadCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadCheckpoint,
-                    request_deserializer=laya__proto_dot_v1_dot_inference__pb2.LoadCheckpointRequest.FromString,
+                    request_deserializer=laya__proto_dot_internal_dot_v1_dot_inference__pb2.LoadCheckpointRequest.FromString,
                     response_serializer=laya__proto_dot_v1_dot_status__pb2.CheckpointStatus.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
@@ -146,14 +146,14 @@ def add_InferenceServiceServicer_to_server(servicer, server):
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'laya_proto.v1.InferenceService', rpc_method_handlers)
+            'laya_proto.internal.v1.InferenceService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('laya_proto.v1.InferenceService', rpc_method_handlers)
+    server.add_registered_method_handlers('laya_proto.internal.v1.InferenceService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
 class InferenceService:
-    """The resident model service: token rows in, per-option logits/probabilities and act outputs out.
+    """The resident model service: token rows in, per-option logits and act outputs out (the caller decodes them).
     """
 
     @staticmethod
@@ -170,9 +170,9 @@ class InferenceService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/laya_proto.v1.InferenceService/Infer',
-            laya__proto_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
-            laya__proto_dot_v1_dot_inference__pb2.InferResponse.FromString,
+            '/laya_proto.internal.v1.InferenceService/Infer',
+            laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferRequest.SerializeToString,
+            laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -197,9 +197,9 @@ class InferenceService:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/laya_proto.v1.InferenceService/InferStream',
-            laya__proto_dot_v1_dot_inference__pb2.InferCall.SerializeToString,
-            laya__proto_dot_v1_dot_inference__pb2.InferReply.FromString,
+            '/laya_proto.internal.v1.InferenceService/InferStream',
+            laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferCall.SerializeToString,
+            laya__proto_dot_internal_dot_v1_dot_inference__pb2.InferReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -224,9 +224,9 @@ class InferenceService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/laya_proto.v1.InferenceService/ListCheckpoints',
-            laya__proto_dot_v1_dot_inference__pb2.ListCheckpointsRequest.SerializeToString,
-            laya__proto_dot_v1_dot_inference__pb2.ListCheckpointsResponse.FromString,
+            '/laya_proto.internal.v1.InferenceService/ListCheckpoints',
+            laya__proto_dot_internal_dot_v1_dot_inference__pb2.ListCheckpointsRequest.SerializeToString,
+            laya__proto_dot_internal_dot_v1_dot_inference__pb2.ListCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -251,8 +251,8 @@ class InferenceService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/laya_proto.v1.InferenceService/LoadCheckpoint',
-            laya__proto_dot_v1_dot_inference__pb2.LoadCheckpointRequest.SerializeToString,
+            '/laya_proto.internal.v1.InferenceService/LoadCheckpoint',
+            laya__proto_dot_internal_dot_v1_dot_inference__pb2.LoadCheckpointRequest.SerializeToString,
             laya__proto_dot_v1_dot_status__pb2.CheckpointStatus.FromString,
             options,
             channel_credentials,
@@ -278,7 +278,7 @@ class InferenceService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/laya_proto.v1.InferenceService/GetStatus',
+            '/laya_proto.internal.v1.InferenceService/GetStatus',
             laya__proto_dot_v1_dot_status__pb2.StatusRequest.SerializeToString,
             laya__proto_dot_v1_dot_status__pb2.ServiceStatus.FromString,
             options,
@@ -305,7 +305,7 @@ class InferenceService:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/laya_proto.v1.InferenceService/WatchStatus',
+            '/laya_proto.internal.v1.InferenceService/WatchStatus',
             laya__proto_dot_v1_dot_status__pb2.StatusRequest.SerializeToString,
             laya__proto_dot_v1_dot_status__pb2.ServiceStatus.FromString,
             options,

@@ -1,3 +1,4 @@
+from laya_proto.v1 import decision_pb2 as _decision_pb2
 from laya_proto.v1 import tokens_pb2 as _tokens_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -21,35 +22,41 @@ class QuestionText(_message.Message):
     option_order: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, id: _Optional[str] = ..., type: _Optional[str] = ..., instructions: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ..., option_order: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class StateText(_message.Message):
+    __slots__ = ("text", "keep_end")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    KEEP_END_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    keep_end: bool
+    def __init__(self, text: _Optional[str] = ..., keep_end: _Optional[bool] = ...) -> None: ...
+
 class TokenizeRequest(_message.Message):
-    __slots__ = ("checkpoint", "states_json", "questions_json", "questions", "max_len", "head_max_len", "origin")
+    __slots__ = ("checkpoint", "states", "questions", "max_len", "head_max_len", "origin")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
-    STATES_JSON_FIELD_NUMBER: _ClassVar[int]
-    QUESTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
     QUESTIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_LEN_FIELD_NUMBER: _ClassVar[int]
     HEAD_MAX_LEN_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     checkpoint: str
-    states_json: _containers.RepeatedScalarFieldContainer[str]
-    questions_json: str
+    states: _containers.RepeatedCompositeFieldContainer[StateText]
     questions: _containers.RepeatedCompositeFieldContainer[QuestionText]
     max_len: int
     head_max_len: int
     origin: _tokens_pb2.CallOrigin
-    def __init__(self, checkpoint: _Optional[str] = ..., states_json: _Optional[_Iterable[str]] = ..., questions_json: _Optional[str] = ..., questions: _Optional[_Iterable[_Union[QuestionText, _Mapping]]] = ..., max_len: _Optional[int] = ..., head_max_len: _Optional[int] = ..., origin: _Optional[_Union[_tokens_pb2.CallOrigin, _Mapping]] = ...) -> None: ...
+    def __init__(self, checkpoint: _Optional[str] = ..., states: _Optional[_Iterable[_Union[StateText, _Mapping]]] = ..., questions: _Optional[_Iterable[_Union[QuestionText, _Mapping]]] = ..., max_len: _Optional[int] = ..., head_max_len: _Optional[int] = ..., origin: _Optional[_Union[_tokens_pb2.CallOrigin, _Mapping]] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
-    __slots__ = ("rows", "rows_per_state", "usage_json", "tokenize_ms")
+    __slots__ = ("rows", "rows_per_state", "usage", "tokenize_ms")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     ROWS_PER_STATE_FIELD_NUMBER: _ClassVar[int]
-    USAGE_JSON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZE_MS_FIELD_NUMBER: _ClassVar[int]
     rows: _tokens_pb2.TokenRows
     rows_per_state: int
-    usage_json: _containers.RepeatedScalarFieldContainer[str]
+    usage: _containers.RepeatedCompositeFieldContainer[_decision_pb2.Usage]
     tokenize_ms: float
-    def __init__(self, rows: _Optional[_Union[_tokens_pb2.TokenRows, _Mapping]] = ..., rows_per_state: _Optional[int] = ..., usage_json: _Optional[_Iterable[str]] = ..., tokenize_ms: _Optional[float] = ...) -> None: ...
+    def __init__(self, rows: _Optional[_Union[_tokens_pb2.TokenRows, _Mapping]] = ..., rows_per_state: _Optional[int] = ..., usage: _Optional[_Iterable[_Union[_decision_pb2.Usage, _Mapping]]] = ..., tokenize_ms: _Optional[float] = ...) -> None: ...
 
 class TokenizerInfoRequest(_message.Message):
     __slots__ = ("checkpoint",)

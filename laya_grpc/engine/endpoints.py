@@ -1,11 +1,11 @@
 """Where a backend lives: one endpoint, a list of replicas, or a DNS name that resolves to replicas.
 
 `--tokenizer` and `--inference` take `HOST:PORT`, `unix:/path` (or `/path.sock`), comma lists of
-those (the flag may also be repeated), and `dns:///NAME:PORT`. One endpoint keeps the
-multiplexed stream (core/streams.py, the fast local path); several endpoints, or a `dns:///`
-name, become one gRPC channel that gRPC itself balances over the replicas (balancing.py).
-A host name inside a list is resolved once, at start-up; a name whose addresses change (a
-Kubernetes headless Service) belongs in `dns:///`, which gRPC re-resolves.
+those (the flag may also be repeated), and `dns:///NAME:PORT`. Each endpoint is a replica with its
+own channel and call stream (remote.py `Replicas` picks one per call); a `dns:///` name becomes
+one gRPC channel that gRPC itself balances over the replicas (balancing.py). A host name inside a
+list is resolved once, at start-up; a name whose addresses change (a Kubernetes headless Service)
+belongs in `dns:///`, which gRPC re-resolves.
 `ipc://` endpoints belong to the local IPC transport, not to gRPC: they come back untouched with
 `scheme == "ipc"` for it to handle.
 """
@@ -22,10 +22,8 @@ from laya_grpc.core.errors import Kind, LayaError
 @dataclass(frozen=True)
 class BackendTarget:
     spec: str                      # the endpoints as given, comma-joined (logs, /health keys)
-    grpc_target: str               # what the call channel dials
-    endpoints: tuple[str, ...]     # each replica's own gRPC target (watched one by one); () for dns:///
-    balanced: bool                 # several replicas (or a DNS name): round_robin, health-checked
-    scheme: str = "grpc"           # "grpc" | "ipc"
+    endpoints: tuple[str, ...]     # each replica's own target (dialled and watched one by one); () for dns:///
+    scheme: str = "grpc"           # "grpc" | "ipc" | "dns" (spec is the name gRPC resolves)
 
 
 def split_entries(values: Sequence[str] | str) -> list[str]:
@@ -42,28 +40,22 @@ def parse_target(values: Sequence[str] | str, flag: str) -> BackendTarget:
     if ipc:
         if len(ipc) != len(entries):
             raise LayaError(Kind.INVALID, "%s %s: ipc:// endpoints cannot be mixed with gRPC ones" % (flag, spec))
-        return BackendTarget(spec, "", tuple(entries), len(entries) > 1, scheme="ipc")
+        return BackendTarget(spec, tuple(entries), scheme="ipc")
     if any(e.startswith("dns:") for e in entries):
         if len(entries) != 1:
             raise LayaError(Kind.INVALID, "%s %s: a dns:/// target stands alone (it resolves to every "
                             "replica itself)" % (flag, spec))
-        return BackendTarget(spec, entries[0], (), True)
+        return BackendTarget(spec, (), scheme="dns")
     unix = [_unix_path(e) for e in entries if _is_unix(e)]
     if len(entries) == 1:
-        only = "unix:" + unix[0] if unix else entries[0]
-        return BackendTarget(spec, only, (only,), False)
+        return BackendTarget(spec, ("unix:" + unix[0] if unix else entries[0],))
     if unix:
         if len(unix) != len(entries):
             raise LayaError(Kind.INVALID, "%s %s: unix sockets and TCP endpoints cannot be mixed" % (flag, spec))
-        return BackendTarget(spec, "unix:" + ",".join(unix), tuple("unix:" + p for p in unix), True)
+        return BackendTarget(spec, tuple("unix:" + p for p in unix))
     addrs = [a for e in entries for a in _resolve(e, flag)]
     addrs = list(dict.fromkeys(addrs))
-    families = {":" in host for host, _ in addrs}
-    if len(families) > 1:
-        raise LayaError(Kind.INVALID, "%s %s: IPv4 and IPv6 endpoints cannot be mixed in one list" % (flag, spec))
-    v6 = families == {True}
-    hostports = ["[%s]:%d" % a if v6 else "%s:%d" % a for a in addrs]
-    return BackendTarget(spec, ("ipv6:" if v6 else "ipv4:") + ",".join(hostports), tuple(hostports), True)
+    return BackendTarget(spec, tuple("[%s]:%d" % a if ":" in a[0] else "%s:%d" % a for a in addrs))
 
 
 def _is_unix(entry: str) -> bool:

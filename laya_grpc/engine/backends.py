@@ -4,9 +4,10 @@ It watches each backend (grpc.health.v1 Watch and the inference service's WatchS
 gateway's readiness, /health and status stream always report what the backends say right now: a
 killed child shows as down at once, and as ready again when its replacement has warmed up.
 
-A backend given as several endpoints is watched replica by replica (each on its own channel);
-its calls go over one balanced channel (balancing.py). A `dns:///` backend is watched through
-its balanced channel, which reaches a SERVING replica whenever there is one.
+A backend given as several endpoints is watched replica by replica, each on its own channel, which
+also carries that replica's calls (remote.py `Replicas` picks one per call). A `dns:///` backend
+is one balanced channel (balancing.py), watched and called through it: it reaches a SERVING
+replica whenever there is one.
 """
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from laya_grpc.core import rpc
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import ChangeFeed
-from laya_proto.v1 import inference_pb2, inference_pb2_grpc, status_pb2, tokenizer_pb2
+from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2
+from laya_proto.v1 import status_pb2
 
 from .balancing import balanced_channel
 from .endpoints import BackendTarget
 
-log = logging.getLogger("laya_grpc.gateway.backends")
+log = logging.getLogger("laya_grpc.engine.backends")
 S = status_pb2
 TOKENIZER_SERVICE = tokenizer_pb2.DESCRIPTOR.services_by_name["TokenizerService"].full_name
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
@@ -43,6 +45,7 @@ class Backend:
     detail: str = "connecting"
     downs: int = 0        # times seen going down after having served
     status: Optional[status_pb2.ServiceStatus] = None   # inference only: its latest WatchStatus
+    balanced: bool = False   # a dns:/// name: gRPC balances its channel's calls over the replicas
 
 
 class BackendWatch:
@@ -50,24 +53,18 @@ class BackendWatch:
 
     def __init__(self, tokenizer: BackendTarget, inference: BackendTarget, feed: ChangeFeed):
         self.feed = feed
-        self.tokenizers, self.tokenizer_channel = self._replicas("tokenizer", tokenizer, TOKENIZER_SERVICE)
-        self.inferences, self.inference_channel = self._replicas("inference", inference, INFERENCE_SERVICE)
-        self._inf = inference_pb2_grpc.InferenceServiceStub(self.inference_channel)
+        self.tokenizers = self._replicas("tokenizer", tokenizer, TOKENIZER_SERVICE)
+        self.inferences = self._replicas("inference", inference, INFERENCE_SERVICE)
         self._tasks: list[asyncio.Task] = []
 
     @staticmethod
     def _replicas(service: str, target: BackendTarget, service_name: str):
-        """(the Backends watched, the channel calls go over)."""
-        if target.scheme != "grpc":
-            raise LayaError(Kind.INVALID, "--%s %s: %s:// endpoints are not served over gRPC"
-                            % (service, target.spec, target.scheme))
-        if not target.balanced:
-            b = Backend(service, target.endpoints[0], rpc.channel(target.grpc_target))
-            return [b], b.channel
-        calls = balanced_channel(target.grpc_target, service_name)
-        if not target.endpoints:   # dns:///: gRPC alone knows the replicas
-            return [Backend(service, target.spec, calls)], calls
-        return [Backend(service, e, rpc.channel(e)) for e in target.endpoints], calls
+        """The Backends watched, one per replica (a dns:/// name is one, on its balanced channel)."""
+        if target.scheme == "ipc":
+            raise LayaError(Kind.INVALID, "--%s %s: ipc:// endpoints are not served over gRPC" % (service, target.spec))
+        if target.scheme == "dns":   # gRPC alone knows the replicas
+            return [Backend(service, target.spec, balanced_channel(target.spec, service_name), balanced=True)]
+        return [Backend(service, e, rpc.channel(e)) for e in target.endpoints]
 
     def start(self) -> None:
         for b in self.tokenizers:

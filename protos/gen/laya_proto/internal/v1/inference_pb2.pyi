@@ -19,9 +19,8 @@ class InferRequest(_message.Message):
     def __init__(self, checkpoint: _Optional[str] = ..., rows: _Optional[_Union[_tokens_pb2.TokenRows, _Mapping]] = ..., origins: _Optional[_Iterable[_Union[_tokens_pb2.CallOrigin, _Mapping]]] = ...) -> None: ...
 
 class InferResponse(_message.Message):
-    __slots__ = ("logits", "probabilities", "act_logits", "n_act", "device", "dtype", "queue_ms", "model_ms", "batch_rows")
+    __slots__ = ("logits", "act_logits", "n_act", "device", "dtype", "queue_ms", "model_ms", "batch_rows")
     LOGITS_FIELD_NUMBER: _ClassVar[int]
-    PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
     ACT_LOGITS_FIELD_NUMBER: _ClassVar[int]
     N_ACT_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -30,7 +29,6 @@ class InferResponse(_message.Message):
     MODEL_MS_FIELD_NUMBER: _ClassVar[int]
     BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     logits: bytes
-    probabilities: bytes
     act_logits: bytes
     n_act: int
     device: str
@@ -38,7 +36,7 @@ class InferResponse(_message.Message):
     queue_ms: float
     model_ms: float
     batch_rows: int
-    def __init__(self, logits: _Optional[bytes] = ..., probabilities: _Optional[bytes] = ..., act_logits: _Optional[bytes] = ..., n_act: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., queue_ms: _Optional[float] = ..., model_ms: _Optional[float] = ..., batch_rows: _Optional[int] = ...) -> None: ...
+    def __init__(self, logits: _Optional[bytes] = ..., act_logits: _Optional[bytes] = ..., n_act: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., queue_ms: _Optional[float] = ..., model_ms: _Optional[float] = ..., batch_rows: _Optional[int] = ...) -> None: ...
 
 class InferCall(_message.Message):
     __slots__ = ("id", "request")

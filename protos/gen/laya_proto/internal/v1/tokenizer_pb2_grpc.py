@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from laya_proto.v1 import tokenizer_pb2 as laya__proto_dot_v1_dot_tokenizer__pb2
+from laya_proto.internal.v1 import tokenizer_pb2 as laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in laya_proto/v1/tokenizer_pb2_grpc.py depends on'
+        + ' but the generated code in laya_proto/internal/v1/tokenizer_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,19 +37,19 @@ class TokenizerServiceStub:
             channel: A grpc.Channel.
         """
         self.Tokenize = channel.unary_unary(
-                '/laya_proto.v1.TokenizerService/Tokenize',
-                request_serializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeRequest.SerializeToString,
-                response_deserializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeResponse.FromString,
+                '/laya_proto.internal.v1.TokenizerService/Tokenize',
+                request_serializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
         self.TokenizeStream = channel.stream_stream(
-                '/laya_proto.v1.TokenizerService/TokenizeStream',
-                request_serializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeCall.SerializeToString,
-                response_deserializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeReply.FromString,
+                '/laya_proto.internal.v1.TokenizerService/TokenizeStream',
+                request_serializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeCall.SerializeToString,
+                response_deserializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeReply.FromString,
                 _registered_method=True)
         self.GetTokenizerInfo = channel.unary_unary(
-                '/laya_proto.v1.TokenizerService/GetTokenizerInfo',
-                request_serializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizerInfoRequest.SerializeToString,
-                response_deserializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizerInfo.FromString,
+                '/laya_proto.internal.v1.TokenizerService/GetTokenizerInfo',
+                request_serializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizerInfoRequest.SerializeToString,
+                response_deserializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizerInfo.FromString,
                 _registered_method=True)
 
 
@@ -84,24 +84,24 @@ def add_TokenizerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
-                    request_deserializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeRequest.FromString,
-                    response_serializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeResponse.SerializeToString,
+                    request_deserializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeRequest.FromString,
+                    response_serializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeResponse.SerializeToString,
             ),
             'TokenizeStream': grpc.stream_stream_rpc_method_handler(
                     servicer.TokenizeStream,
-                    request_deserializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeCall.FromString,
-                    response_serializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeReply.SerializeToString,
+                    request_deserializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeCall.FromString,
+                    response_serializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeReply.SerializeToString,
             ),
             'GetTokenizerInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTokenizerInfo,
-                    request_deserializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizerInfoRequest.FromString,
-                    response_serializer=laya__proto_dot_v1_dot_tokenizer__pb2.TokenizerInfo.SerializeToString,
+                    request_deserializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizerInfoRequest.FromString,
+                    response_serializer=laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizerInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'laya_proto.v1.TokenizerService', rpc_method_handlers)
+            'laya_proto.internal.v1.TokenizerService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('laya_proto.v1.TokenizerService', rpc_method_handlers)
+    server.add_registered_method_handlers('laya_proto.internal.v1.TokenizerService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -124,9 +124,9 @@ class TokenizerService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/laya_proto.v1.TokenizerService/Tokenize',
-            laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeRequest.SerializeToString,
-            laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeResponse.FromString,
+            '/laya_proto.internal.v1.TokenizerService/Tokenize',
+            laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeRequest.SerializeToString,
+            laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -151,9 +151,9 @@ class TokenizerService:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/laya_proto.v1.TokenizerService/TokenizeStream',
-            laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeCall.SerializeToString,
-            laya__proto_dot_v1_dot_tokenizer__pb2.TokenizeReply.FromString,
+            '/laya_proto.internal.v1.TokenizerService/TokenizeStream',
+            laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeCall.SerializeToString,
+            laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizeReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -178,9 +178,9 @@ class TokenizerService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/laya_proto.v1.TokenizerService/GetTokenizerInfo',
-            laya__proto_dot_v1_dot_tokenizer__pb2.TokenizerInfoRequest.SerializeToString,
-            laya__proto_dot_v1_dot_tokenizer__pb2.TokenizerInfo.FromString,
+            '/laya_proto.internal.v1.TokenizerService/GetTokenizerInfo',
+            laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizerInfoRequest.SerializeToString,
+            laya__proto_dot_internal_dot_v1_dot_tokenizer__pb2.TokenizerInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,9 +1,9 @@
 """`Services` with the tokenizer and the network in this process: no sockets, no child processes.
 
-The gateway's `Decider` runs on it exactly as on `RemoteServices`, so `laya-grpc predict`, the
-in-process `Predictor` and contract tests share the served answer loop. It wires the tokenizer and
-inference code together, which only the cli layer may do; torch or mlx is imported only when a
-runner is loaded (`load`), never by importing this module.
+The engine's `Decider` runs on it exactly as on `RemoteServices`, so `laya-grpc predict`, the
+in-process `Predictor` and contract tests share the served answer loop. The caller (the cli
+layer, the one that wires the tokenizer and inference code together: `laya_grpc.cli.predictor`)
+hands it each checkpoint's encoder and loaded runner, so this module imports neither.
 """
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from typing import Any, Optional, Sequence
 from laya_grpc.core.checkpoint import Checkpoint
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.gateway.services import CheckpointInfo, Encoded, InferResult
-from laya_grpc.tokenizer.encoding import TextEncoder
+from .services import CheckpointInfo, Encoded, InferResult
 
 # A forward of more tokens than this is started without waiting for it (`start_rows`: queued on the
 # GPU, or on the runner's thread), so that this loop meanwhile tokenizes and decodes the neighbouring
@@ -27,27 +26,11 @@ class InProcessServices:
     """One or more checkpoints, each a TextEncoder and a loaded runner, by name."""
 
     def __init__(self):
-        self._models: dict[str, tuple[Checkpoint, TextEncoder, Any]] = {}
+        self._models: dict[str, tuple[Checkpoint, Any, Any]] = {}
 
-    @classmethod
-    def load(cls, sources: dict, backend: str = "torch", device: str = "cpu",
-             dtype: Optional[str] = None) -> "InProcessServices":
-        """Every `name -> source` checkpoint opened and its runner loaded here (tests, tools)."""
-        from laya_grpc.core.sources import open_source
-        from laya_grpc.inference.devices import pick_device
-        from laya_grpc.inference.runners import load_runner
-        services = cls()
-        dev = pick_device(device, backend, require=True).device
-        for name, source in sources.items():
-            ckpt = open_source(source)
-            services.add(name, ckpt, load_runner(ckpt.path, backend, dev, dtype))
-        return services
-
-    def add(self, name: str, checkpoint: Checkpoint, runner: Any) -> TextEncoder:
-        encoder = TextEncoder(checkpoint.tokenizer_dir, max_len=checkpoint.max_len,
-                              head_max_len=checkpoint.head_max_len, parallel_layout=checkpoint.parallel)
+    def add(self, name: str, checkpoint: Checkpoint, encoder: Any, runner: Any) -> None:
+        """`encoder`: the tokenizer's `TextEncoder` for the checkpoint; `runner`: its loaded network."""
         self._models[name] = (checkpoint, encoder, runner)
-        return encoder
 
     def _get(self, name: str):
         try:

@@ -1,10 +1,10 @@
-"""What the gateway needs from the tokenizer and inference services.
+"""What the answer loop needs from the tokenizer and inference services.
 
 The decision logic (`Decider`) only sees this interface. Two implementations:
-`laya_grpc.gateway.remote.RemoteServices` over gRPC (unix sockets in `laya-grpc serve`, TCP
-across hosts), and `laya_grpc.cli.inprocess.InProcessServices` with the tokenizer and the network
+`laya_grpc.engine.remote.RemoteServices` over the internal contract (unix sockets in `laya-grpc
+serve`, gRPC across hosts), and `laya_grpc.engine.inprocess.InProcessServices` with the tokenizer and the network
 in the calling process (`laya-grpc predict`, `Predictor`, contract tests without processes).
-Types on this boundary are `PackedRows` and numpy arrays, so the gateway never imports torch or mlx.
+Types on this boundary are `PackedRows` and numpy arrays, so the engine never imports torch or mlx.
 """
 from __future__ import annotations
 
