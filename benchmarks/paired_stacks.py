@@ -56,6 +56,27 @@ def paired(a: str, b: str, n: int, warm: int = 50, body: dict = BODY, path: str 
             "b_stages": {k: pct(v, 50) for k, v in st["b"].items()}}
 
 
+def paired_grpc(a: str, b: str, n: int, case, warm: int = 50) -> dict:
+    """`paired` over gRPC: the same alternation, each side's `Decide` through one client."""
+    import time
+
+    from laya_grpc.client import LayaClient
+    clients = {"a": LayaClient(a), "b": LayaClient(b)}
+    t = {"a": [], "b": []}
+    for i in range(warm + n):
+        for key in ("a", "b") if i % 2 == 0 else ("b", "a"):
+            t0 = time.perf_counter()
+            clients[key].decide(case.state, case.questions, model="english")
+            if i >= warm:
+                t[key].append(time.perf_counter() - t0)
+    for c in clients.values():
+        c.close()
+    sa, sb, r = summary_ms(t["a"]), summary_ms(t["b"]), paired_ratio(t["a"], t["b"])
+    return {"kind": "pair_grpc", "a": a, "b": b, "pairs": n, "case": case.name,
+            "a_p50": sa["p50_ms"], "a_p95": sa["p95_ms"], "b_p50": sb["p50_ms"], "b_p95": sb["p95_ms"],
+            "ratio_median": r["median_ratio"], "ci": [r["ci95_lo"], r["ci95_hi"]], "a_stages": {}, "b_stages": {}}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.paired_stacks", description=__doc__.splitlines()[0])
     p.add_argument("a", help="HOST:PORT of stack A's HTTP")
@@ -65,15 +86,20 @@ def main(argv=None) -> int:
     p.add_argument("--clients", default="64", help="comma list of concurrent clients for --load")
     p.add_argument("--batch", type=int, default=0, metavar="STATES",
                    help="pair /v1/systemone/batch requests of this many copies of --case's state instead")
-    p.add_argument("--case", default="short", help="the bench input whose state and questions --batch sends")
+    p.add_argument("--case", default="short", help="the bench input whose state and questions each request sends "
+                                                    "(short, q3, q6, t512, noul)")
+    p.add_argument("--grpc", action="store_true", help="A and B are gRPC addresses: pair `Decide` calls of the "
+                                                       "Python client (one DecideStream each) instead of HTTP")
     a = p.parse_args(argv)
-    if a.batch:
-        from laya_grpc.bench.inputs import named_cases
-        case = next(c for c in named_cases() if c.name == a.case)
+    from laya_grpc.bench.inputs import named_cases
+    case = next(c for c in named_cases() if c.name == a.case)
+    if a.grpc:
+        res = paired_grpc(a.a, a.b, a.n, case)
+    elif a.batch:
         res = paired(a.a, a.b, a.n, warm=3, path="/v1/systemone/batch",
                      body={"model": "english", "states": [case.state] * a.batch, "questions": case.questions})
     else:
-        res = paired(a.a, a.b, a.n)
+        res = paired(a.a, a.b, a.n, body={"model": "english", "state": case.state, "questions": case.questions})
     print("A p50 %.3f p95 %.3f | B p50 %.3f p95 %.3f | median A/B %.3f (95%% CI %.3f-%.3f), pairs %d" % (
         res["a_p50"], res["a_p95"], res["b_p50"], res["b_p95"], res["ratio_median"], *res["ci"], a.n))
     for k in res["a_stages"]:
