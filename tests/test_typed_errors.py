@@ -81,6 +81,24 @@ def test_invalid_argument_names_the_field_path(stack, req, field, text):
     assert v is not None and v.field == field, (v, e.value.details())
 
 
+def test_a_stream_call_error_carries_the_full_status(stack):
+    """DecideStream answers each failed call with the google.rpc.Status `Decide` would give: the
+    code, and the BadRequest naming the field path."""
+    from google.rpc import error_details_pb2, status_pb2
+    bad = D.DecideRequest(state=_state(), questions=[_q(type=99)])
+    [reply] = list(stack.stub.DecideStream(iter([D.DecideCall(id=1, request=bad)]), timeout=60))
+    assert reply.WhichOneof("result") == "error" and reply.error.kind == "INVALID"
+    st = status_pb2.Status.FromString(reply.error.status)
+    assert st.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "unknown type 99" in st.message
+    fields = []
+    for d in st.details:
+        if d.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            br = error_details_pb2.BadRequest()
+            d.Unpack(br)
+            fields += [v.field for v in br.field_violations]
+    assert fields == ['questions["q"].type'], st
+
+
 @pytest.mark.parametrize("where", ["task", "model", "question id"])
 @pytest.mark.parametrize("n", [3000, 20000])
 def test_long_client_values_give_a_bounded_invalid_argument(stack, where, n):

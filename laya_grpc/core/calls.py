@@ -40,7 +40,9 @@ log = logging.getLogger("laya_grpc.core.calls")
 
 
 def call_error(err: LayaError, proto_cls):
-    return proto_cls(kind=err.kind.name, detail=err.detail)
+    """One call's error on a multiplexed link: its kind and detail, and the full google.rpc.Status
+    a unary call would carry (rpc.status_of), so each call of a stream fails as `Decide` does."""
+    return proto_cls(kind=err.kind.name, detail=err.detail, status=rpc.status_of(err).SerializeToString())
 
 
 def error_from_call(e) -> LayaError:

@@ -93,12 +93,18 @@ class Ticket:
     async def __aexit__(self, *exc) -> None:
         self.admission._leave(self)
 
-    async def charge(self, rows: int) -> None:
+    def charge_now(self, rows: int) -> bool:
+        """Take the rows if that needs no wait: small requests never wait, large ones take their
+        turn behind the large ones already waiting. False: nothing taken, `charge` waits."""
         a = self.admission
         if rows <= a.limits.small_rows or (a._rows_fit(rows) and not a._queued[1]):
-            a._grant_rows(self, rows)   # small: never waits; large: in turn behind the large ones waiting
-        else:
-            await a._wait(self, rows)
+            a._grant_rows(self, rows)
+            return True
+        return False
+
+    async def charge(self, rows: int) -> None:
+        if not self.charge_now(rows):
+            await self.admission._wait(self, rows)
 
 
 class Admission:

@@ -174,7 +174,9 @@ def build_app(decider: Decider, settings: GatewaySettings, policy: Policy, reque
                     req = parse(raw, decider.route_table, settings.max_token_budget)
                     timing.mark("parse")
                     try:
-                        await until_disconnect(ticket.charge(rows(req)), request.receive)
+                        n = rows(req)
+                        if not ticket.charge_now(n):   # a large request waits for rows; its client may leave
+                            await until_disconnect(ticket.charge(n), request.receive)
                         t0 = time.perf_counter()
                         result = await until_disconnect(run(req), request.receive)
                     except ClientGone:

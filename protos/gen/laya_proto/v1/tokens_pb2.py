@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alaya_proto/v1/tokens.proto\x12\rlaya_proto.v1\"\xaf\x01\n\tTokenRows\x12\x0b\n\x03ids\x18\x01 \x01(\x0c\x12\x13\n\x0brow_offsets\x18\x02 \x01(\x0c\x12\x0f\n\x07markers\x18\x03 \x01(\x0c\x12\x16\n\x0emarker_offsets\x18\x04 \x01(\x0c\x12\x0e\n\x06qtypes\x18\x05 \x01(\x0c\x12\x14\n\x0cposition_ids\x18\x06 \x01(\x0c\x12\x12\n\noption_ids\x18\x07 \x01(\x0c\x12\x1d\n\x15tokenizer_fingerprint\x18\x08 \x01(\t\"5\n\nCallOrigin\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btraceparent\x18\x02 \x01(\t\")\n\tCallError\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\tBY\n\x11\x64\x65v.laya.proto.v1B\x0bTokensProtoP\x01Z%laya-grpc/gen/go/laya_proto/v1;layav1\xaa\x02\rLaya.Proto.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alaya_proto/v1/tokens.proto\x12\rlaya_proto.v1\"\xaf\x01\n\tTokenRows\x12\x0b\n\x03ids\x18\x01 \x01(\x0c\x12\x13\n\x0brow_offsets\x18\x02 \x01(\x0c\x12\x0f\n\x07markers\x18\x03 \x01(\x0c\x12\x16\n\x0emarker_offsets\x18\x04 \x01(\x0c\x12\x0e\n\x06qtypes\x18\x05 \x01(\x0c\x12\x14\n\x0cposition_ids\x18\x06 \x01(\x0c\x12\x12\n\noption_ids\x18\x07 \x01(\x0c\x12\x1d\n\x15tokenizer_fingerprint\x18\x08 \x01(\t\"5\n\nCallOrigin\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btraceparent\x18\x02 \x01(\t\"9\n\tCallError\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\x0c\x42Y\n\x11\x64\x65v.laya.proto.v1B\x0bTokensProtoP\x01Z%laya-grpc/gen/go/laya_proto/v1;layav1\xaa\x02\rLaya.Proto.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,5 +37,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLORIGIN']._serialized_start=223
   _globals['_CALLORIGIN']._serialized_end=276
   _globals['_CALLERROR']._serialized_start=278
-  _globals['_CALLERROR']._serialized_end=319
+  _globals['_CALLERROR']._serialized_end=335
 # @@protoc_insertion_point(module_scope)

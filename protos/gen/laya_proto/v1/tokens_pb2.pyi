@@ -33,9 +33,11 @@ class CallOrigin(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class CallError(_message.Message):
-    __slots__ = ("kind", "detail")
+    __slots__ = ("kind", "detail", "status")
     KIND_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     detail: str
-    def __init__(self, kind: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    status: bytes
+    def __init__(self, kind: _Optional[str] = ..., detail: _Optional[str] = ..., status: _Optional[bytes] = ...) -> None: ...
