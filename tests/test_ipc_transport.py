@@ -340,7 +340,7 @@ def test_replicas_keep_a_lone_caller_on_one_and_spread_calls_in_flight(tmp_path)
         servers = [ipc.IpcServer(e, handler(k), inference_pb2.InferCall, inference_pb2.InferReply, tokens_pb2.CallError,
                                  "Infer").start() for k, e in enumerate(endpoints)]
         replicas = Replicas([ipc.mux(e, inference_pb2.InferCall, inference_pb2.InferReply, "inference service")
-                             for e in endpoints], [])
+                             for e in endpoints], [], "inference service")
         try:
             for n in range(6):
                 assert (await replicas.call(inference_pb2.InferRequest(checkpoint="one-%d" % n), 5)).device == "0"

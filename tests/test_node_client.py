@@ -127,7 +127,9 @@ def test_decide_stream(node_run):
     stream = got["stream"]
     assert sorted(stream) == ["1", "2", "3"]
     check_response(stream["1"]["response"], http["decide"].json())
-    assert stream["2"]["error"] == {"kind": "INVALID", "detail": http["bad_model"].json()["detail"]}
+    err = stream["2"]["error"]
+    assert {k: err[k] for k in ("kind", "detail")} == {"kind": "INVALID", "detail": http["bad_model"].json()["detail"]}
+    assert len(err["status"]["data"]) > 0   # the serialized google.rpc.Status, as a Node Buffer
     check_response(stream["3"]["response"], http["score_only"].json())
 
 

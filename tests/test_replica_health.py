@@ -53,11 +53,11 @@ def test_a_replica_whose_forwards_fail_turns_not_serving_and_clients_see_no_erro
     procs = [sa.tokenizer(tiny_ckpt, tok, env=json_logs), sa.inference(tiny_ckpt, a, env=json_logs),
              sa.inference(tiny_ckpt, b, "--metrics", "127.0.0.1:%d" % m_b,
                           env=dict(json_logs, LAYA_TEST_FAULTS="fail_while=" + fault)),
-             sa.gateway(tiny_ckpt, http, grpc_port, "127.0.0.1:%d" % tok, "%s,%s" % (a, b),
+             sa.gateway(tiny_ckpt, http, grpc_port, "127.0.0.1:%d" % tok, "%s,%s" % (b, a),
                         "--metrics", "127.0.0.1:%d" % m_gw, env=json_logs)]
     outcomes, stop = [], threading.Event()
 
-    def load():   # one request after another: the balancer alternates, so half reach the broken replica
+    def load():   # one request after another: each goes to the first idle replica of the list, the broken one
         while not stop.is_set():
             req = urllib.request.Request("http://127.0.0.1:%d/v1/systemone" % http, data=BODY, method="POST")
             try:

@@ -302,7 +302,7 @@ class Batcher:
         within the token budget, so it lands in a shape the warmup prepared)."""
         counts = rows.marker_counts
         L = -(-int(rows.lengths.max()) // self.length_multiple) * self.length_multiple
-        FAULTS.before_forward()   # no-op unless a test set LAYA_TEST_FAULTS (inference/faults.py)
+        FAULTS.check()   # no-op unless a test set LAYA_TEST_FAULTS (inference/faults.py)
         lg, ac = self._get_runner(checkpoint).run_rows(rows, self._pad_id_of(checkpoint), pad_to=L)
         return ([lg[i, : int(counts[i])].astype(np.float32, copy=True) for i in range(rows.n)],
                 ac[: rows.n].astype(np.float32, copy=True))
@@ -310,6 +310,7 @@ class Batcher:
     def _run_batch(self, parts: list) -> None:
         """One forward of `parts` ((job, rows) from `_merge`); each job whose rows are all done gets
         its result, a job with rows left goes back to the end of the queue."""
+        FAULTS.delay()   # no-op unless a test set LAYA_TEST_FAULTS; outside the forward's timing
         start = time.perf_counter()
         checkpoint = parts[0][0].checkpoint
         try:

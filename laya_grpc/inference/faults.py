@@ -30,10 +30,14 @@ class Faults:
             else:
                 raise ValueError("%s: unknown item %r (forward_delay_s=SECONDS, fail_while=PATH)" % (ENV, item))
 
-    def before_forward(self) -> None:
-        """On the device thread, before each forward pass."""
+    def delay(self) -> None:
+        """On the device thread, before a forward pass and outside its timing (the injected wait
+        must not teach the batcher a slower device speed, which would cut requests finer)."""
         if self.delay_s:
             time.sleep(self.delay_s)
+
+    def check(self) -> None:
+        """Inside a forward pass: fail it as a lost device does while the file exists."""
         if self.fail_while and os.path.exists(self.fail_while):
             raise RuntimeError("CUDA error: an illegal memory access was encountered (injected by %s)" % ENV)
 

@@ -210,7 +210,8 @@ async def _probe_forward(registry: Registry, batcher: Batcher) -> None:
     runner, ckpt, pad_id = slot.runner, slot.ckpt, slot.pad_id
 
     def probe() -> None:
-        FAULTS.before_forward()
+        FAULTS.delay()
+        FAULTS.check()
         shape_forward(runner, ckpt, pad_id)
     await batcher.run_on_device(probe)
 

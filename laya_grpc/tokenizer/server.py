@@ -96,8 +96,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
             seconds = time.perf_counter() - t0
             metrics.TOKENIZE_SECONDS.observe(seconds)
             if log.isEnabledFor(logging.DEBUG):   # LAYA_LOG_LEVEL=DEBUG: one line per call
-                log.debug("Tokenize %s: %d states, %d rows, %.2f ms", request.checkpoint, len(request.states_json),
-                          resp.rows_per_state * len(request.states_json), seconds * 1e3)
+                log.debug("Tokenize %s: %d states, %d rows, %.2f ms", request.checkpoint, len(request.states),
+                          resp.rows_per_state * len(request.states), seconds * 1e3)
             return resp
         finally:
             self.inflight -= 1
