@@ -31,7 +31,7 @@ MAX_MESSAGE_BYTES = int(flags.external("LAYA_GRPC_MAX_MESSAGE_BYTES") or 64 * 10
 # clients dial again and re-resolve a dns:/// name: a replica added behind the name gets calls
 # within about this long (without it, only when a connection broke; grpc/grpc#12295). Calls running
 # on the old connection are not cut: the grace is unbounded, because a multiplexed stream
-# (core/streams.py) and a status or health watch live as long as their process.
+# (core/calls.py) and a status or health watch live as long as their process.
 MAX_CONNECTION_AGE_S = float(flags.external("LAYA_GRPC_MAX_CONNECTION_AGE_S") or 30)
 _UNBOUNDED_MS = 2**31 - 1
 
