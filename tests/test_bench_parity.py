@@ -51,6 +51,9 @@ def test_served_cpu_float32_equals_upstream(tiny_ckpt, tmp_path):
     assert kinds.index("parity_served_declared") < kinds.index("parity_served"), kinds   # declared first
     r = next(r for r in recs if r["kind"] == "parity_served")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert r["passed"] and r["max_abs_dp"] == 0.0 and r["alone_vs_beside_max_dp"] == 0.0, r
+    # CPU float32 against upstream's CPU float32: the same arithmetic up to the order of float32 sums,
+    # which another CPU's kernels (ATEN_CPU_CAPABILITY) change; a probability on a rounding boundary
+    # can then land one served 4-decimal quantum away (1e-4, plus the float error of the difference)
+    assert r["passed"] and r["max_abs_dp"] <= 1.5e-4 and r["alone_vs_beside_max_dp"] <= 1.5e-4, r
     assert r["bodies"] == len(declared_bodies()) and r["choice_flips"] == []
     assert r["max_usage_input_tokens"] > 512                   # rows up to max_len, several questions a body
