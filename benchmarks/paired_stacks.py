@@ -106,7 +106,6 @@ def main(argv=None) -> int:
         print("  %-18s A %.3f  B %.3f" % (k, res["a_stages"][k], res["b_stages"].get(k, float("nan"))))
     print(json.dumps(res), flush=True)
     if a.load:
-        from laya_grpc.bench.inputs import named_cases
         from laya_grpc.bench.service import load
         case = named_cases()[0]
         for clients in [int(c) for c in a.clients.split(",") if c]:
