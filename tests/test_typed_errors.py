@@ -224,3 +224,25 @@ def test_an_aborted_stream_leaves_no_traceback(stack):
     new = stack.full_log()[before:]
     assert "never retrieved" not in new and "AbortError" not in new and "Traceback" not in new, new[-3000:]
     assert " 500 " not in new, new[-3000:]
+
+
+def test_a_status_for_a_call_that_already_ended_ends_it_as_cancelled():
+    """When a deadline and an error answer meet in the same instant, gRPC's core refuses the status
+    batch; the handler then ends as cancelled (debug log) instead of raising the core's error,
+    which grpc logs with a traceback at ERROR."""
+    import asyncio
+
+    from laya_grpc.core import rpc
+
+    class EndedCall:
+        async def abort(self, code, details, trailing_metadata=()):
+            raise RuntimeError('Failed "execute_batch": (SendStatusFromServerOperation,)')
+
+    class LiveCall:
+        async def abort(self, code, details, trailing_metadata=()):
+            raise grpc.aio.AbortError()
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(rpc.abort(EndedCall(), LayaError(Kind.BUSY, "server busy")))
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run(rpc.abort(LiveCall(), LayaError(Kind.BUSY, "server busy")))

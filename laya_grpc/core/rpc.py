@@ -5,6 +5,7 @@ Message-size limits and keepalive are set here once, symmetrically for servers a
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -167,12 +168,22 @@ def status_of(err: LayaError) -> status_pb2.Status:
 async def abort(context: grpc.aio.ServicerContext, err: LayaError):
     """Fail the call with `status_of(err)`; the kind also travels as trailing metadata, so a hop
     between our own services keeps it without parsing the details, and BUSY adds `retry-after`
-    (seconds, as HTTP's Retry-After)."""
+    (seconds, as HTTP's Retry-After).
+
+    A call whose deadline passed or whose client left in the same instant has already ended in
+    gRPC's core, which refuses the status batch; nobody is left to read it, so the call ends as
+    cancelled (logged at debug) instead of an ExecuteBatchError traceback in the log."""
     st = rpc_status.to_status(status_of(err))
     extra = ((KIND_METADATA_KEY, err.kind.name),)
     if err.kind is Kind.BUSY:
         extra += ((RETRY_AFTER_KEY, RETRY_AFTER_HEADER),)
-    await context.abort(st.code, st.details, trailing_metadata=tuple(st.trailing_metadata) + extra)
+    try:
+        await context.abort(st.code, st.details, trailing_metadata=tuple(st.trailing_metadata) + extra)
+    except grpc.aio.AbortError:
+        raise
+    except Exception as e:  # noqa: BLE001 - cygrpc.ExecuteBatchError, which grpc does not export
+        log.debug("status %s not sent, the call had ended: %s", err.kind.name, e)
+        raise asyncio.CancelledError() from e
 
 
 def servicer_errors(fn: Callable[..., Awaitable]):
