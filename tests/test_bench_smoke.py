@@ -18,7 +18,8 @@ pytest.importorskip("laya")
 def test_bench_smoke(tmp_path):
     out = tmp_path / "results"
     r = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "bench", "--smoke", "--device", "cpu",
-                        "--out", os.path.relpath(out, ROOT),   # relative, as typed: the stages run elsewhere "--work-dir", str(tmp_path / "work"), "--concurrency", "1,4",
+                        # --out relative, as a user types it: the stages run in another directory
+                        "--out", os.path.relpath(out, ROOT), "--work-dir", str(tmp_path / "work"), "--concurrency", "1,4",
                         "--idle-gaps-seconds", "0.1", "--stages", "engine,upstream,service,replicas", "--replicas", "1,2",
                         "--replica-clients", "2,4"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={k: v for k, v in os.environ.items() if not k.startswith("LAYA_")})

@@ -136,13 +136,16 @@ def test_an_oversized_message_is_too_large_and_the_stream_goes_on(stack):
 
 def test_calls_reusing_an_id_in_flight_are_each_answered(stack):
     """Two valid calls then an invalid one (answered at once), all with id 7: every call gets its
-    reply (a reused id is refused as its own reply) and none is lost when the stream ends."""
+    reply and none is lost when the stream ends. The second call reuses the id of the first while
+    that one is in flight (refused as its own reply) or after it was answered (then answered too):
+    which one depends on how fast the first call runs."""
     small = D.DecideRequest(state=_state(), questions=[_q(type=D.QUESTION_TYPE_NOUL)])
     bad = D.DecideRequest(state=_state(), questions=[_q(type=99)])
     calls = [D.DecideCall(id=7, request=r) for r in (small, small, bad)]
     replies = list(stack.stub.DecideStream(iter(calls), timeout=60))
     assert len(replies) == 3 and all(r.id == 7 for r in replies), replies
-    assert sorted(r.WhichOneof("result") for r in replies) == ["error", "error", "response"]
+    kinds = sorted(r.WhichOneof("result") for r in replies)
+    assert kinds in (["error", "error", "response"], ["error", "response", "response"]), replies
     assert all(r.error.kind == "BAD_REQUEST" for r in replies if r.HasField("error"))
 
 

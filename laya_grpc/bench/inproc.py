@@ -104,7 +104,7 @@ def run_engine(a, out: Out) -> None:
                 pred.encoder.pad_id), a.iters)
         out.rec("latency", input=c.name, rows=len(rows), tokens=int(max(len(r.ids) for r in rows)),
                 e2e=summary_ms(e2e), model=summary_ms(model), tokenize=summary_ms(tok))
-    for n in (64, 256):
+    for n in a.batch_states:
         states = [cases[0].state] * n
         pred.predict_batch(states, cases[0].questions)
         bt = time_calls(lambda: pred.predict_batch(states, cases[0].questions), max(3, a.iters // 20))

@@ -80,6 +80,7 @@ def _defaults(a) -> None:
     a.idle_gaps = a.idle_gaps or ("0.2" if smoke else "1,3,8")
     a.soak = a.soak or (10 if smoke else 10000)
     a.parity_n = 4 if smoke else 32
+    a.batch_states = (8, 32) if smoke else (64, 256)   # predict_batch sizes the engine stage times
     a.client_procs = 2 if smoke else 8
     a.ready_timeout = 300.0
     a.concurrency = [int(x) for x in str(a.concurrency).split(",") if x]
