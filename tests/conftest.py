@@ -59,7 +59,7 @@ def tiny_par_ckpt(ckpt_root) -> str:
 def upstream_agent():
     """`load(path) -> laya.Agent` on CPU, one Agent per path for the session.
 
-    The path must contain a "/" (laya.load resolves bare words as aliases, gotcha G7); the
+    The path must contain a "/" (laya.load resolves bare words as aliases); the
     fixture checkpoints above are absolute paths.
     """
     agents = {}

@@ -92,7 +92,7 @@ def test_our_reading_matches_upstreams_model(preset_ckpt, upstream_agent):
 
 
 def test_upstream_load_leaves_the_files_unchanged(tiny_ml_ckpt, upstream_agent, tmp_path):
-    """Post-patch tokenizer_config.json: upstream's `_fix_tokenizer_config` has nothing to rewrite (G1)."""
+    """Post-patch tokenizer_config.json: upstream's `_fix_tokenizer_config` has nothing to rewrite."""
     copy = str(tmp_path / "c")
     shutil.copytree(tiny_ml_ckpt, copy)
     upstream_agent(copy)

@@ -117,13 +117,23 @@ def test_parts_answer_as_one_forward_and_follow_the_token_budget():
     assert [n for n, _ in runner.forwards] == [5, 5, 5, 5], runner.forwards
 
 
+async def turn_learned(b, checkpoint: str = "m", timeout_s: float = 10.0) -> int:
+    """The batcher's turn cost once it has learned it: the device thread records a forward's speed
+    after it has woken the forward's waiters, so a waiter can run before the speed is known."""
+    deadline = time.monotonic() + timeout_s
+    while b.turn_cost(checkpoint) is None:
+        assert time.monotonic() < deadline, "no speed learned"
+        await asyncio.sleep(0.001)
+    return b.turn_cost(checkpoint)
+
+
 def test_part_size_follows_the_measured_speed():
     runner = TimedRunner()
 
     async def body(b):
         await b.submit("m", tagged_rows(20, 100))   # 2,000 tokens: two turns in one forward (budget)
-        turn = b.turn_cost("m")
-        assert turn is not None and 500 <= turn <= 1000, turn   # sleeps overshoot
+        turn = await turn_learned(b)
+        assert turn <= 1000, turn   # a sleep never undershoots; by how much it overshoots is the machine's
         runner.forwards.clear()
         await b.submit("m", tagged_rows(40, 100))
 

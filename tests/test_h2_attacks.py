@@ -152,7 +152,7 @@ def test_control_frame_flood(stack, frame, count):
 
 def test_compressed_message_bomb(stack):
     """A gzip message that inflates to 256 MiB of zeros (about 250 KB on the wire), far over the
-    public 4 MiB message cap: refused with RESOURCE_EXHAUSTED, and the gateway does not inflate it."""
+    public 16 MiB message cap: refused with RESOURCE_EXHAUSTED, and the gateway does not inflate it."""
     payload = gzip.compress(b"\0" * (256 << 20), compresslevel=9)
     gw = stack.child_pid("gateway")
     before = _rss_mb(gw)

@@ -86,16 +86,21 @@ class _Service:
 
 @glibc_only
 def test_idle_rule():
+    """Real timers, with margins for a slow or shared CPU: idle_s is 10 times the gap between the
+    busy service's calls, and each check waits 2.5 times idle_s."""
+    idle_s = 0.2
+    wait = 2.5 * idle_s
+
     async def main():
-        svc = _Service()
+        svc = _Service(idle_s=idle_s)
         await svc.call(40)
         await svc.call(40)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(wait)
         assert svc.trims == 0, "small work never trims"
 
         await svc.call(40)     # 120 units now: trims once idle, once
         assert svc.trims == 0
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(wait)
         assert svc.trims == 1 and svc.trim.work == 0
 
         # a busy service: calls end every 20 ms (< idle_s) for 0.4 s, each large: no trim meanwhile
@@ -103,16 +108,16 @@ def test_idle_rule():
             await svc.call(500)
             await asyncio.sleep(0.02)
             assert svc.trims == 1
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(wait)
         assert svc.trims == 2, "one trim once the calls stopped"
 
         # a call still in flight when the idle timer would fire: nothing until it ends
         await svc.call(500)
-        slow = asyncio.ensure_future(svc.call(0, seconds=0.3))
-        await asyncio.sleep(0.2)
+        slow = asyncio.ensure_future(svc.call(0, seconds=wait + idle_s))
+        await asyncio.sleep(wait)
         assert svc.trims == 2
         await slow
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(wait)
         assert svc.trims == 3
     asyncio.run(main())
 

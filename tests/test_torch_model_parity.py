@@ -112,7 +112,7 @@ def test_packed_rows_pad_matches_upstream_collate(case):
 
 
 def test_bf16_declared_encoder_matches_upstream(case, tmp_path):
-    """Gotcha G2: upstream builds the encoder in the dtype encoder/config.json declares.
+    """Upstream builds the encoder in the dtype encoder/config.json declares.
 
     Both sides run SDPA's math kernel: torch's fused CPU kernel for bf16 picks its code by the
     processor while ATen dispatches by ATEN_CPU_CAPABILITY, and with the two apart (`default` on an

@@ -27,7 +27,7 @@ LEGACY_ROPE_THETA_KEY = {FULL: "global_rope_theta", SLIDING: "local_rope_theta"}
 DEFAULT_LOCAL_ATTENTION = 128
 DEFAULT_GLOBAL_EVERY = 3
 DEFAULT_NORM_EPS = 1e-5
-# encoder/config.json `dtype` values the engines can build the encoder in (gotcha G2)
+# encoder/config.json `dtype` values the engines can build the encoder in
 ENCODER_DTYPES = ("float32", "bfloat16", "float16")
 # settings whose other values would need maths we do not implement
 _FIXED = (("hidden_activation", "gelu"), ("attention_bias", False), ("mlp_bias", False), ("norm_bias", False))
@@ -45,7 +45,7 @@ class NetSpec:
     rope_theta: dict[str, float]     # per layer type
     local_attention: int
     norm_eps: float
-    encoder_dtype: str               # one of ENCODER_DTYPES; upstream builds the encoder in it (G2)
+    encoder_dtype: str               # one of ENCODER_DTYPES; upstream builds the encoder in it
     head_layers: int
     n_act: int
 

@@ -20,7 +20,7 @@ from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.netspec import FULL, SLIDING, NetSpec, read_net_spec
 from .weights import load_weights
 
-# encoder/config.json `dtype` (NetSpec.encoder_dtype) -> the torch dtype upstream builds the encoder in (G2)
+# encoder/config.json `dtype` (NetSpec.encoder_dtype) -> the torch dtype upstream builds the encoder in
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -131,7 +131,7 @@ class LayaTorch(nn.Module):
         self.type_emb = nn.Embedding(3, d)
         self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
         self.act_head = nn.Sequential(nn.Linear(d + 4, 256), nn.GELU(), nn.Linear(256, spec.n_act))
-        # unused by the maths; present in every upstream checkpoint (strict load, gotcha G5)
+        # unused by the maths; present in every upstream checkpoint (upstream loads strictly)
         self.register_buffer("temperature", torch.ones(3))
         self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         # "reference" follows transformers op for op (CPU fp32: bit-exact to upstream); "fused"
