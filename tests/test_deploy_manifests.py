@@ -529,12 +529,22 @@ def test_gpu_checks_notice_a_broken_copy(case):
 
 
 def test_kernel_cache_on_a_persistent_volume():
-    """Triton's compiled kernels outlive the pod: TRITON_CACHE_DIR is on a PersistentVolumeClaim."""
+    """Compiled kernels outlive the pod: LAYA_KERNEL_CACHE_DIR, the cuda image's own directory, is
+    on a PersistentVolumeClaim, which an init container seeds from that directory of the image."""
     dep = deployments()["laya-inference"]
-    cache = container_env(dep)["TRITON_CACHE_DIR"]
+    cache = container_env(dep)["LAYA_KERNEL_CACHE_DIR"]
+    image_env = re.search(r"LAYA_KERNEL_CACHE_DIR=(\S+)", _stages(DOCKERFILE.read_text())["cuda"]).group(1)
+    assert cache == image_env   # the image's kernels are where the service looks
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     mount = next(m for m in the_container(dep)["volumeMounts"] if cache.startswith(m["mountPath"] + "/"))
     assert "persistentVolumeClaim" in volumes[mount["name"]] and not mount.get("readOnly")
+    (seed,) = [c for c in dep["spec"]["template"]["spec"]["initContainers"] if c["name"] == "seed-kernel-cache"]
+    (seed_mount,) = [m for m in seed["volumeMounts"] if m["name"] == mount["name"]]
+    script = seed["command"][-1]
+    # reads the image's directory (not hidden by the volume in this container), writes the volume
+    # at the same place under it as the service's mount
+    assert not cache.startswith(seed_mount["mountPath"] + "/") and "$LAYA_KERNEL_CACHE_DIR/triton" in script
+    assert seed_mount["mountPath"] + cache[len(mount["mountPath"]):] + "/triton" in script
 
 
 def test_pods_name_themselves_for_tracing():
