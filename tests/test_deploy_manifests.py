@@ -547,6 +547,31 @@ def test_kernel_cache_on_a_persistent_volume():
     assert seed_mount["mountPath"] + cache[len(mount["mountPath"]):] + "/triton" in script
 
 
+def test_seed_script_adds_the_image_kernels_and_keeps_the_volume_ones(tmp_path):
+    """seed-kernel-cache's script, run by sh on stand-ins for the image's directory and the volume:
+    kernel directories the volume lacks arrive whole, those it has stay as they are, and no
+    temporary copy is left behind."""
+    dep = deployments()["laya-inference"]
+    (seed,) = [c for c in dep["spec"]["template"]["spec"]["initContainers"] if c["name"] == "seed-kernel-cache"]
+    volume = next(m["mountPath"] for m in seed["volumeMounts"] if m["name"] == "kernel-cache")
+    image, cache = tmp_path / "image", tmp_path / "volume"
+    for key, name in (("NEW", "k.cubin"), ("OLD", "k.cubin")):
+        (image / "triton" / key).mkdir(parents=True)
+        (image / "triton" / key / name).write_text("image")
+        (image / "triton" / key / "k.json").write_text("image")
+    (cache / "kernels" / "triton" / "OLD").mkdir(parents=True)
+    (cache / "kernels" / "triton" / "OLD" / "k.cubin").write_text("volume")
+    script = seed["command"][-1].replace(volume + "/", str(cache) + "/")
+    r = subprocess.run([*seed["command"][:-1], script], env={"PATH": os.environ["PATH"], "LAYA_KERNEL_CACHE_DIR": str(image)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    triton = cache / "kernels" / "triton"
+    assert sorted(p.name for p in triton.iterdir()) == ["NEW", "OLD"]
+    assert (triton / "NEW" / "k.cubin").read_text() == (triton / "NEW" / "k.json").read_text() == "image"
+    assert (triton / "OLD" / "k.cubin").read_text() == "volume" and not (triton / "OLD" / "k.json").exists()
+    assert "kernel cache: 2 kernels" in r.stdout
+
+
 def test_pods_name_themselves_for_tracing():
     """Every service gets its pod, namespace and node from the downward API, under the names
     core/tracing.py reads for the trace resource."""
