@@ -71,8 +71,9 @@ class RunnerSettings:
 
 
 @dataclass
-class EngineSettings(RunnerSettings):
-    """How the network runs and what stays resident; `serve` passes these to each inference replica."""
+class ResidencySettings:
+    """What only the service decides: which checkpoints stay loaded, how long a forward waits for
+    more requests, whether to warm up."""
     SECTION = "inference"
 
     max_loaded: int = setting(2, "checkpoints kept resident at once; the least recently used is evicted beyond "
@@ -83,6 +84,11 @@ class EngineSettings(RunnerSettings):
     max_wait_ms: float = setting(0.0, "extra time to wait for more requests before a forward; 0 = batch only "
                                  "what queued while busy", type=float, unit="ms")
     no_warmup: bool = setting(False, "skip warmup forwards (first requests will be slow); for debugging only")
+
+
+@dataclass
+class EngineSettings(RunnerSettings, ResidencySettings):
+    """How the network runs and what stays resident; `serve` passes these to each inference replica."""
 
 
 @dataclass
