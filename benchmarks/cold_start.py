@@ -2,7 +2,8 @@
 filled one, for this tree (B) and a previous release (A, a tree at --base), and what
 `laya-grpc warm-kernels` costs; then the first requests after ready.
 
-Per round, one after the other on the same checkpoint and GPU (each stack alone):
+Per round, one after the other on the same checkpoint and GPU (each stack alone; A and B swap
+places every other round):
   A empty        A's serve with an empty Triton cache (TRITON_CACHE_DIR: a new directory)
   B empty        B's serve with an empty kernel cache (LAYA_KERNEL_CACHE_DIR: a new directory)
   B warm-kernels `laya-grpc warm-kernels` into another new directory (what an image build runs)
@@ -11,8 +12,9 @@ Per round, one after the other on the same checkpoint and GPU (each stack alone)
   B restart      B's serve again on the cache its first start filled
 Process to ready is wall time from starting `serve` to its `laya-grpc: ready` line (every gateway
 worker SERVING, every checkpoint warm), including the interpreter's start and imports. Every
-package's bytecode is compiled beforehand (an image carries it), and each serve gets a new CUDA
-driver cache (CUDA_CACHE_PATH), so only the kernel cache differs between the cases. After ready:
+package's bytecode is compiled and the CUDA libraries read once beforehand (cold_start.sh: an image
+carries bytecode, and both trees load the same libraries), and each serve gets a new CUDA driver
+cache (CUDA_CACHE_PATH), so only the kernel cache differs between the cases. After ready:
 the first short request, the first 512-token one, then 20 short ones (p50). The kernel count of
 the cache before and after each start says whether a start still compiled anything.
 
@@ -166,7 +168,10 @@ def warm_kernels(a, cache: str, rnd: int, rec) -> dict:
 def summary(records: list, budget_note: str) -> str:
     serves = [r for r in records if r["kind"] == "serve"]
     order = ["A empty", "B empty", "B image cache", "A restart", "B restart"]
+    devices = sorted({m.group(1) for r in serves for ln in r["timing_lines"]
+                      if (m := re.search(r"ready on (\S+?) ", ln))})
     lines = ["# Cold start: process to ready (`laya-grpc serve`, one checkpoint)", "",
+             "Served on: %s." % (", ".join(devices) or "unknown"), "",
              "Median over rounds (each value: min-max). Compiled at start: kernels the cache gained "
              "during that start.", "",
              "| case | rounds | process to ready s | serve's own 'ready in' s | first short ms | "
@@ -240,9 +245,11 @@ def main(argv=None) -> int:
     skipped = []
     for rnd in range(a.rounds):
         caches = {k: os.path.join(work, "r%d-%s" % (rnd, k)) for k in ("a", "b", "wk")}
-        plan = [("A", "empty", a.base, caches["a"]), ("B", "empty", ROOT, caches["b"]), ("warm", None, ROOT, caches["wk"]),
-                ("B", "image cache", ROOT, caches["wk"]), ("A", "restart", a.base, caches["a"]),
-                ("B", "restart", ROOT, caches["b"])]
+        empty = [("A", "empty", a.base, caches["a"]), ("B", "empty", ROOT, caches["b"])]
+        restart = [("A", "restart", a.base, caches["a"]), ("B", "restart", ROOT, caches["b"])]
+        if rnd % 2:   # every other round B goes first, so neither side always starts after the other
+            empty, restart = empty[::-1], restart[::-1]
+        plan = empty + [("warm", None, ROOT, caches["wk"]), ("B", "image cache", ROOT, caches["wk"])] + restart
         warmed = False
         for side, label, tree, cache in plan:
             if time.monotonic() - t_start > a.budget_s:
