@@ -572,6 +572,33 @@ def test_seed_script_adds_the_image_kernels_and_keeps_the_volume_ones(tmp_path):
     assert "kernel cache: 2 kernels" in r.stdout
 
 
+def test_documented_warm_kernels_job_validates_and_matches_the_inference_pod():
+    """docs/deploy.md's warm-kernels Job (not applied by the kustomization): valid in strict mode,
+    the inference pod's image and kernel cache directory on the same volume, and only variables
+    `warm-kernels` reads."""
+    from laya_grpc.cli.warm_kernels import WarmKernelsSettings
+    from laya_grpc.core import flags
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    block = re.search(r"```yaml\n(# kubectl -n laya apply -f warm-kernels.yaml.*?)```", docs, flags=re.S)
+    assert block, "docs/deploy.md has no warm-kernels Job"
+    job = yaml.safe_load(block.group(1))
+    validate(job)
+    dep = deployments()["laya-inference"]
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == the_container(dep)["image"] and c["args"][0] == "warm-kernels"
+    env = container_env(job, c)
+    assert env["LAYA_KERNEL_CACHE_DIR"] == container_env(dep)["LAYA_KERNEL_CACHE_DIR"]
+    read = {flags.env_name(f) for f in flags.fields(WarmKernelsSettings)}
+    assert "LAYA_CHECKPOINT" in read and env["LAYA_CHECKPOINT"]
+    assert not [n for n in c.get("env", []) if n["name"].startswith("LAYA_") and n["name"] not in read]
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in job["spec"]["template"]["spec"]["volumes"]}
+    dep_claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+                  for v in dep["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v}
+    mounts = {m["mountPath"]: claims[m["name"]] for m in c["volumeMounts"]}
+    dep_mounts = {m["mountPath"]: dep_claims[m["name"]] for m in the_container(dep)["volumeMounts"] if m["name"] in dep_claims}
+    assert mounts == dep_mounts   # the same checkpoints and the same kernel cache, at the same paths
+
+
 def test_pods_name_themselves_for_tracing():
     """Every service gets its pod, namespace and node from the downward API, under the names
     core/tracing.py reads for the trace resource."""
