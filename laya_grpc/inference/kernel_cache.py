@@ -7,7 +7,9 @@ pointing those variables at one known directory before anything compiles lets a 
 replica, or an image filled by `laya-grpc warm-kernels` read the kernels instead. Entries are keyed
 by kernel source, GPU architecture and library versions and written atomically, so several
 processes may share one directory, and a cache made for another GPU or version is ignored (its
-kernels compile again and are added).
+kernels compile again and are added). Triton's index of a kernel's files holds their absolute
+paths, so a cache is read at the path it was filled at: an image's, a volume's and warm-kernels'
+directory must be the same path as the service's (a copy elsewhere compiles again).
 """
 from __future__ import annotations
 
