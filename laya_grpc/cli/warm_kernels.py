@@ -106,6 +106,6 @@ async def _warm(settings: WarmKernelsSettings, pick, sources: dict) -> int:
         PROG, len(sources) - len(failed), len(sources), time.perf_counter() - t0, cache or "none",
         after.kernels, after.kernels - before.kernels, after.files, after.bytes / 1e6))
     if not compiles:
-        print("%s: %s compiles no GPU kernels: the warm-up forwards ran, and the kernel cache is unchanged "
-              "(fill it on the GPU the service will run on)" % (PROG, pick.device))
+        print("%s: only CUDA compiles kernels into this cache; on %s the warm-up forwards ran and the kernel "
+              "cache is unchanged (fill it on the GPU the service will run on)" % (PROG, pick.device))
     return 1 if failed else 0
