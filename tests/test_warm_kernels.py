@@ -111,3 +111,11 @@ def test_warm_kernels_refuses_a_missing_checkpoint_in_one_line(spec, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("laya-grpc warm-kernels: "), r.stderr
     assert (missing in lines[0]) if "=" in spec else ("NAME=SOURCE" in lines[0]), lines[0]
     assert r.stdout == ""   # nothing was loaded or warmed
+
+
+def test_warm_kernels_without_its_backend_is_one_clear_line(tiny_ckpt):
+    from tests.test_base_install import no_backends
+    r = no_backends("warm-kernels", "--checkpoint", "tiny=" + tiny_ckpt)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("laya-grpc warm-kernels: the torch backend is not installed"), lines[0]
