@@ -5,7 +5,7 @@
 # benchmarks | tar -x -C .ab/base`, carried), the warm-kernels time, and the first requests after
 # ready (benchmarks/cold_start.py). Results: $OUT/cold_start.md (the table), cold_start.jsonl, gpu.txt.
 #   ROUNDS     rounds of the six runs, interleaved A/B (default 2)
-#   BUDGET_S   seconds after which no further run starts (default 400; the whole script stays
+#   BUDGET_S   seconds after which no further run starts (default 360; the whole script stays
 #              within about 8 minutes with the large checkpoint)
 #   PRESET     checkpoint preset (default large)
 set -u
@@ -20,6 +20,6 @@ export PYTHONPATH=/tmp/site:$PWD:$PWD/protos/gen PYTHONUNBUFFERED=1
 python3 -c "import torch; torch.ones(8, device='cuda').sum().item()" || { echo "no usable CUDA device"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" | tee -a "$OUT/gpu.txt"
-timeout 460 python3 -m benchmarks.cold_start --base "$A_DIR" --out "$OUT" --site /tmp/site \
-  --preset "${PRESET:-large}" --ckpt "/tmp/lb/${PRESET:-large}" --rounds "${ROUNDS:-2}" --budget-s "${BUDGET_S:-400}" \
+timeout 420 python3 -m benchmarks.cold_start --base "$A_DIR" --out "$OUT" --site /tmp/site \
+  --preset "${PRESET:-large}" --ckpt "/tmp/lb/${PRESET:-large}" --rounds "${ROUNDS:-2}" --budget-s "${BUDGET_S:-360}" \
   2>&1 | grep -v '^{'
