@@ -1,4 +1,4 @@
-"""Where the CUDA forward's time goes, and where start-up time goes: two studies for one GPU call.
+"""Where the CUDA forward's time goes, and a request's time between processes: studies for one GPU call.
 
 gemms: each encoder GEMM shape of the checkpoint alone (cuBLAS through torch.mm), at the token
   counts of one short row, 64 and 256 short rows: microseconds and TFLOP/s with a 16-bit and with
@@ -8,15 +8,13 @@ gemms: each encoder GEMM shape of the checkpoint alone (cuBLAS through torch.mm)
 kernels: the fused encoder's forward run eagerly under torch.profiler (CUDA kernel times are the
   same as inside the graph; only the launch gaps differ), summed per kernel name per forward,
   next to the CUDA-graph replay time of the same bucket. Says which kernels to attack next.
-startup: `laya-grpc serve` on the checkpoint, twice: with an empty Triton cache (a fresh
-  machine) and with the cache the first start filled (a restart). Process-to-ready and the
-  service's own timing lines (device init, load, graph capture, warmup), then the first and
-  warm HTTP requests.
 hops: `serve` with the default workers and with one gateway and one tokenizer, each without and
   with busy-polling event loops (LAYA_BUSY_POLL_US), each timed per hop by benchmarks/hops.py (tokenizer RPC, inference
   RPC, gRPC Decide, HTTP).
 
-`python -m benchmarks.gpu_profile --ckpt DIR --out DIR [--studies kernels,startup,hops]`; makes the
+Start-up (process to ready with an empty and a filled kernel cache) is benchmarks/cold_start.py's.
+
+`python -m benchmarks.gpu_profile --ckpt DIR --out DIR [--studies kernels,hops,gemms]`; makes the
 `large` checkpoint in DIR when it is missing. Writes gpu_profile.jsonl; prints tables last.
 """
 from __future__ import annotations
@@ -25,19 +23,11 @@ import argparse
 import collections
 import json
 import os
-import re
-import shutil
 import sys
-import tempfile
-import time
-import urllib.request
-
-import numpy as np
 
 from benchmarks.model_speed import Out, ensure_large, replay_ms, rows
 
 SHAPES = ((1, 132, 3), (1, 512, 5), (6, 132, 4), (64, 132, 3), (256, 132, 3))
-TIMING_LINE = re.compile(r"initialised in|loaded .* in|captured \d+ CUDA graphs|ready on|laya-grpc: ready")
 
 
 def kernel_study(a, rec) -> list:
@@ -83,37 +73,6 @@ def kernel_study(a, rec) -> list:
     model = gf = None
     torch.cuda.empty_cache()
     return tables
-
-
-def startup_study(a, rec) -> list:
-    from laya_grpc.bench.service import Served
-    cache = tempfile.mkdtemp(prefix="triton-cache-")
-    out = []
-    for label in ("cold_triton_cache", "warm_triton_cache"):
-        srv = Served({"english": a.ckpt}, [], {"TRITON_CACHE_DIR": cache, "LAYA_MAX_CONCURRENT": "256"})
-        try:
-            ready_s = srv.wait_ready(300)
-            body = json.dumps({"state": "The customer says: my parcel is late and the box was damaged.",
-                               "questions": {"intent": {"type": "choice", "instructions": "What does the customer want?",
-                                                        "criteria": {"refund": "money back", "exchange": "a new item",
-                                                                     "info": "a question answered"}}}}).encode()
-            times = []
-            for _ in range(60):
-                req = urllib.request.Request(srv.http + "/v1/systemone", data=body,
-                                             headers={"Content-Type": "application/json"})
-                t = time.perf_counter()
-                with urllib.request.urlopen(req, timeout=30) as r:
-                    r.read()
-                times.append((time.perf_counter() - t) * 1e3)
-            with open(srv.log.name, "rb") as f:
-                log = f.read().decode("utf-8", "replace")
-            lines = [ln for ln in log.splitlines() if TIMING_LINE.search(ln)]
-            out.append(rec("startup", run=label, process_to_ready_s=ready_s, first_http_ms=times[0],
-                           warm_http_p50_ms=float(np.median(times[10:])), timing_lines=lines[-12:]))
-        finally:
-            srv.close()
-    shutil.rmtree(cache, ignore_errors=True)
-    return out
 
 
 def hops_study(a, rec, cache: str | None) -> list:
@@ -179,23 +138,18 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_profile")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--studies", default="kernels,startup", help="comma list of startup, hops, kernels, gemms")
+    p.add_argument("--studies", default="kernels", help="comma list of hops, kernels, gemms")
     p.add_argument("--hops-n", type=int, default=300, help="sequential requests per hop in the hops study")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     rec = Out(os.path.join(a.out, "gpu_profile.jsonl"))
     ensure_large(a.ckpt, rec)
     studies = a.studies.split(",")
-    kernels = startup = hops = []
-    if "startup" in studies:   # first: its cold run must find no Triton cache of this process's making
-        try:
-            startup = startup_study(a, rec)
-        except Exception as e:  # noqa: BLE001 - a failed study is a finding; the other still runs
-            rec("error", study="startup", error=repr(e)[:2000])
+    kernels = hops = []
     if "hops" in studies:
         try:
             hops = hops_study(a, rec, os.environ.get("TRITON_CACHE_DIR"))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a failed study is a finding; the others still run
             rec("error", study="hops", error=repr(e)[:2000])
     if "kernels" in studies:
         try:
@@ -220,11 +174,6 @@ def main(argv=None) -> int:
         print("\n[hops: %s] ready %.1f s" % (r["config"], r["process_to_ready_s"]))
         for k, v in r["hops"].items():
             print("   %-26s %s" % (k, v))
-    for r in startup:
-        print("\n[%s] ready %.1f s, first HTTP %.1f ms, warm p50 %.2f ms" % (
-            r["run"], r["process_to_ready_s"], r["first_http_ms"], r["warm_http_p50_ms"]))
-        for ln in r["timing_lines"]:
-            print("   " + ln[-160:])
     return 0
 
 

@@ -529,12 +529,74 @@ def test_gpu_checks_notice_a_broken_copy(case):
 
 
 def test_kernel_cache_on_a_persistent_volume():
-    """Triton's compiled kernels outlive the pod: TRITON_CACHE_DIR is on a PersistentVolumeClaim."""
+    """Compiled kernels outlive the pod: LAYA_KERNEL_CACHE_DIR, the cuda image's own directory, is
+    on a PersistentVolumeClaim, which an init container seeds from that directory of the image."""
     dep = deployments()["laya-inference"]
-    cache = container_env(dep)["TRITON_CACHE_DIR"]
+    cache = container_env(dep)["LAYA_KERNEL_CACHE_DIR"]
+    image_env = re.search(r"LAYA_KERNEL_CACHE_DIR=(\S+)", _stages(DOCKERFILE.read_text())["cuda"]).group(1)
+    assert cache == image_env   # the image's kernels are where the service looks
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     mount = next(m for m in the_container(dep)["volumeMounts"] if cache.startswith(m["mountPath"] + "/"))
     assert "persistentVolumeClaim" in volumes[mount["name"]] and not mount.get("readOnly")
+    (seed,) = [c for c in dep["spec"]["template"]["spec"]["initContainers"] if c["name"] == "seed-kernel-cache"]
+    (seed_mount,) = [m for m in seed["volumeMounts"] if m["name"] == mount["name"]]
+    script = seed["command"][-1]
+    # reads the image's directory (not hidden by the volume in this container), writes the volume
+    # at the same place under it as the service's mount
+    assert not cache.startswith(seed_mount["mountPath"] + "/") and "$LAYA_KERNEL_CACHE_DIR/triton" in script
+    assert seed_mount["mountPath"] + cache[len(mount["mountPath"]):] + "/triton" in script
+
+
+def test_seed_script_adds_the_image_kernels_and_keeps_the_volume_ones(tmp_path):
+    """seed-kernel-cache's script, run by sh on stand-ins for the image's directory and the volume:
+    kernel directories the volume lacks arrive whole, those it has stay as they are, and no
+    temporary copy is left behind."""
+    dep = deployments()["laya-inference"]
+    (seed,) = [c for c in dep["spec"]["template"]["spec"]["initContainers"] if c["name"] == "seed-kernel-cache"]
+    volume = next(m["mountPath"] for m in seed["volumeMounts"] if m["name"] == "kernel-cache")
+    image, cache = tmp_path / "image", tmp_path / "volume"
+    for key, name in (("NEW", "k.cubin"), ("OLD", "k.cubin")):
+        (image / "triton" / key).mkdir(parents=True)
+        (image / "triton" / key / name).write_text("image")
+        (image / "triton" / key / "k.json").write_text("image")
+    (cache / "kernels" / "triton" / "OLD").mkdir(parents=True)
+    (cache / "kernels" / "triton" / "OLD" / "k.cubin").write_text("volume")
+    script = seed["command"][-1].replace(volume + "/", str(cache) + "/")
+    r = subprocess.run([*seed["command"][:-1], script], env={"PATH": os.environ["PATH"], "LAYA_KERNEL_CACHE_DIR": str(image)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    triton = cache / "kernels" / "triton"
+    assert sorted(p.name for p in triton.iterdir()) == ["NEW", "OLD"]
+    assert (triton / "NEW" / "k.cubin").read_text() == (triton / "NEW" / "k.json").read_text() == "image"
+    assert (triton / "OLD" / "k.cubin").read_text() == "volume" and not (triton / "OLD" / "k.json").exists()
+    assert "kernel cache: 2 kernels" in r.stdout
+
+
+def test_documented_warm_kernels_job_validates_and_matches_the_inference_pod():
+    """docs/deploy.md's warm-kernels Job (not applied by the kustomization): valid in strict mode,
+    the inference pod's image and kernel cache directory on the same volume, and only variables
+    `warm-kernels` reads."""
+    from laya_grpc.cli.warm_kernels import WarmKernelsSettings
+    from laya_grpc.core import flags
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    block = re.search(r"```yaml\n(# kubectl -n laya apply -f warm-kernels.yaml.*?)```", docs, flags=re.S)
+    assert block, "docs/deploy.md has no warm-kernels Job"
+    job = yaml.safe_load(block.group(1))
+    validate(job)
+    dep = deployments()["laya-inference"]
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == the_container(dep)["image"] and c["args"][0] == "warm-kernels"
+    env = container_env(job, c)
+    assert env["LAYA_KERNEL_CACHE_DIR"] == container_env(dep)["LAYA_KERNEL_CACHE_DIR"]
+    read = {flags.env_name(f) for f in flags.fields(WarmKernelsSettings)}
+    assert "LAYA_CHECKPOINT" in read and env["LAYA_CHECKPOINT"]
+    assert not [n for n in c.get("env", []) if n["name"].startswith("LAYA_") and n["name"] not in read]
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in job["spec"]["template"]["spec"]["volumes"]}
+    dep_claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+                  for v in dep["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v}
+    mounts = {m["mountPath"]: claims[m["name"]] for m in c["volumeMounts"]}
+    dep_mounts = {m["mountPath"]: dep_claims[m["name"]] for m in the_container(dep)["volumeMounts"] if m["name"] in dep_claims}
+    assert mounts == dep_mounts   # the same checkpoints and the same kernel cache, at the same paths
 
 
 def test_pods_name_themselves_for_tracing():

@@ -22,6 +22,8 @@ COMMANDS = {
     "gateway": ("laya_grpc.gateway.server", "run the HTTP + gRPC gateway alone, pointed at tokenizer/inference services"),
     "predict": ("laya_grpc.cli.predict", "offline: answer /v1/systemone-shaped JSONL requests in one process"),
     "make-checkpoint": ("laya_grpc.cli.make_checkpoint", "write a random-weight checkpoint in upstream's exact layout"),
+    "warm-kernels": ("laya_grpc.cli.warm_kernels", "compile the GPU kernels the inference service runs into "
+                                                   "--kernel-cache-dir ahead of time (image build, Job)"),
     "decide": ("laya_grpc.cli.remote", "ask a running gateway one decision over gRPC"),
     "watch": ("laya_grpc.cli.remote", "subscribe to a running gateway's status stream"),
     "bench": ("laya_grpc.bench.suite", "benchmark upstream laya and our engine, gRPC and HTTP side by side"),
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
 
 
 # Commands that run the network in this process: they need the chosen backend's extra.
-NEEDS_BACKEND = ("inference", "predict")
+NEEDS_BACKEND = ("inference", "predict", "warm-kernels")
 
 
 def missing_backend(backend) -> str | None:

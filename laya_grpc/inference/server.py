@@ -23,6 +23,7 @@ from laya_grpc.core.packed_rows import PackedRows
 from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc
 from laya_proto.v1 import status_pb2, tokens_pb2
 
+from . import kernel_cache
 from .batcher import Batcher
 from .faults import FAULTS
 from .outcomes import ForwardHealth
@@ -153,9 +154,7 @@ async def serve(settings: InferenceSettings, ipc_endpoint: str | None = None) ->
                       max_batch_tokens=settings.max_batch_tokens, max_batch_rows=settings.max_batch_rows,
                       max_wait_ms=settings.max_wait_ms)
     registry = Registry(settings.checkpoints, settings.backend, pick, settings.dtype, settings.max_loaded,
-                        settings.warmup, batcher.run_on_device, feed.bump,
-                        runner_options={"max_rows": settings.max_batch_rows, "max_batch_tokens": settings.max_batch_tokens,
-                                        "cuda_kernels": settings.cuda_kernels, "pack_rows": settings.pack_rows})
+                        settings.warmup, batcher.run_on_device, feed.bump, runner_options=settings.runner_options())
     registry_ref["r"] = registry
     servicer = InferenceServicer(registry, batcher, feed, settings)
     srv = rpc.server()
@@ -281,6 +280,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = args.settings
     setup_observability("inference", settings)
+    kernel_cache.use(settings.kernel_cache_dir)   # before torch loads, let alone compiles a kernel
     try:
         settings.checkpoints
     except LayaError as e:

@@ -17,8 +17,9 @@ def upstream_names(raw: str):
 
 
 @dataclass
-class EngineSettings:
-    """How the network runs; `serve` passes these to each inference replica."""
+class RunnerSettings:
+    """How the network runs on its device: what the service loads and warms with, and what
+    `laya-grpc warm-kernels` warms with, so the kernels it compiles are the ones served."""
     SECTION = "inference"
 
     backend: str = setting("torch", "torch (CUDA, MPS or CPU) or mlx (Apple Silicon GPU; CPU on Linux)",
@@ -35,19 +36,12 @@ class EngineSettings:
                                             "falling back to CPU; alone it requires --device, with a value "
                                             "(e.g. --require-device gpu, --require-device cuda:1) it requires "
                                             "that one", nargs="?", const="yes", metavar="DEVICE")
-    max_loaded: int = setting(2, "checkpoints kept resident at once; the least recently used is evicted beyond "
-                              "this", type=positive_int, env_parse=upstream_positive_int)
-    preload: list = setting([], "checkpoints to load and warm before reporting ready (default: all configured, "
-                            "up to --max-loaded); the variable is upstream laya's comma list",
-                            repeatable=True, metavar="NAME", env="LAYA_MODELS", env_parse=upstream_names)
     max_batch_tokens: int = setting(16384, "padded tokens per forward pass when requests are batched "
                                     "together (upstream laya's variable of the same meaning)",
                                     type=positive_int, unit="tokens", env_parse=upstream_positive_int,
                                     deprecated=("LAYA_INFERENCE_MAX_BATCH_TOKENS",))
     max_batch_rows: int = setting(256, "rows (state x question) per forward pass", type=positive_int,
                                   unit="rows", deprecated=("LAYA_INFERENCE_MAX_BATCH_ROWS",))
-    max_wait_ms: float = setting(0.0, "extra time to wait for more requests before a forward; 0 = batch only "
-                                 "what queued while busy", type=float, unit="ms")
     cuda_kernels: str = setting("auto", "CUDA only: the encoder inside the CUDA graphs. fused (auto's pick "
                                 "when Triton works) runs RoPE and the GELU gate as one Triton kernel each and "
                                 "adds residuals in the GEMMs, about a third of the reference's launches; "
@@ -61,7 +55,40 @@ class EngineSettings:
                              "auto packs wherever it can (not the parallel option layout); on refuses to start "
                              "where it cannot; off keeps the padded buckets (for A/B measurement)",
                              choices=("auto", "on", "off"))
+    kernel_cache_dir: Optional[str] = setting(None, "keep compiled GPU kernels here (Triton's in DIR/triton, "
+                                              "TorchInductor's in DIR/inductor), so a restart or another replica "
+                                              "reads them instead of compiling again; fill it ahead of time with "
+                                              "'laya-grpc warm-kernels'. Unset: the libraries' own defaults "
+                                              "(TRITON_CACHE_DIR, else ~/.triton/cache)", metavar="DIR")
+
+    def device_choice(self) -> tuple[str, bool]:
+        return resolve_require(self.device, self.require_device)
+
+    def runner_options(self) -> dict:
+        """What `load_runner` takes besides the checkpoint, backend, device and dtype."""
+        return {"max_rows": self.max_batch_rows, "max_batch_tokens": self.max_batch_tokens,
+                "cuda_kernels": self.cuda_kernels, "pack_rows": self.pack_rows}
+
+
+@dataclass
+class ResidencySettings:
+    """What only the service decides: which checkpoints stay loaded, how long a forward waits for
+    more requests, whether to warm up."""
+    SECTION = "inference"
+
+    max_loaded: int = setting(2, "checkpoints kept resident at once; the least recently used is evicted beyond "
+                              "this", type=positive_int, env_parse=upstream_positive_int)
+    preload: list = setting([], "checkpoints to load and warm before reporting ready (default: all configured, "
+                            "up to --max-loaded); the variable is upstream laya's comma list",
+                            repeatable=True, metavar="NAME", env="LAYA_MODELS", env_parse=upstream_names)
+    max_wait_ms: float = setting(0.0, "extra time to wait for more requests before a forward; 0 = batch only "
+                                 "what queued while busy", type=float, unit="ms")
     no_warmup: bool = setting(False, "skip warmup forwards (first requests will be slow); for debugging only")
+
+
+@dataclass
+class EngineSettings(RunnerSettings, ResidencySettings):
+    """How the network runs and what stays resident; `serve` passes these to each inference replica."""
 
 
 @dataclass
@@ -86,9 +113,6 @@ class InferenceSettings(EngineSettings, ServiceSettings):
     @property
     def checkpoints(self) -> dict:
         return self.checkpoint_sources()
-
-    def device_choice(self) -> tuple[str, bool]:
-        return resolve_require(self.device, self.require_device)
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
