@@ -208,6 +208,7 @@ def _heaviest_files_first(items) -> None:
     items.sort(key=lambda item: (weight[item.nodeid.split("::", 1)[0]], first[item.nodeid.split("::", 1)[0]]))
 
 
+@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist: pytest without it runs the tests too
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker per CPU this process may use (the cgroup's affinity, not the host's
     count), at most 4: every worker starts its own stacks and checkpoints."""
