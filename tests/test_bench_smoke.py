@@ -48,22 +48,3 @@ def test_bench_smoke(tmp_path):
     table = report.split("## Inference replicas on one device", 1)[1].split("\n## ", 1)[0]
     assert "| 1 replica dec/s, p95 ms | 2 replicas dec/s, p95 ms | ratio 2/1 |" in table
     assert "| 2 | " in table and "| 4 | " in table and "at 4 clients" in table, table
-
-
-def test_bench_smoke_mlx_backend(tmp_path):
-    """The same suite against the MLX backend (engine in-process and the served stack)."""
-    pytest.importorskip("mlx.core")
-    out = tmp_path / "results"
-    r = subprocess.run([sys.executable, "-m", "laya_grpc.cli", "bench", "--smoke", "--backend", "mlx", "--device", "cpu",
-                        "--stages", "engine,service", "--out", str(out), "--work-dir", str(tmp_path / "work"),
-                        "--concurrency", "1,4", "--idle-gaps-seconds", "0.1"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600, env={k: v for k, v in os.environ.items() if not k.startswith("LAYA_")})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
-    env = next(x for x in recs if x["kind"] == "environment")
-    assert env["backend"] == "mlx"
-    kinds = {(x["target"], x["kind"]) for x in recs}
-    for want in [("engine", "latency"), ("engine", "parity"), ("grpc", "latency"), ("http", "latency")]:
-        assert want in kinds, want
-    parity = next(x for x in recs if x["kind"] == "parity")
-    assert parity["passed"], parity

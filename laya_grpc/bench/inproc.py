@@ -256,7 +256,9 @@ def main(argv=None) -> int:
     p.add_argument("--idle-gaps", default="1,3,8")
     p.add_argument("--keep-warm-s", type=float, default=0.5)
     p.add_argument("--ab-pairs", type=int, default=0)
+    p.add_argument("--batch-states", default="64,256", help="comma list of predict_batch sizes to time")
     a = p.parse_args(argv)
+    a.batch_states = [int(x) for x in a.batch_states.split(",") if x]
     out = Out(a.out, a.target)
     if a.target == "engine":
         run_engine(a, out)

@@ -172,7 +172,8 @@ def run(a) -> int:
             continue
         cmd = [sys.executable, "-m", "laya_grpc.bench.inproc", st, "--ckpt", ckpt, "--out", path, "--device", a.device,
                "--backend", a.backend, "--dtype", a.dtype, "--iters", str(a.iters), "--soak", str(a.soak), "--parity-n", str(a.parity_n),
-               "--idle-gaps", a.idle_gaps, "--ab-pairs", str(a.ab_pairs if st == "upstream" else 0)]
+               "--idle-gaps", a.idle_gaps, "--ab-pairs", str(a.ab_pairs if st == "upstream" else 0),
+               "--batch-states", ",".join(map(str, a.batch_states))]
         t = time.perf_counter()
         r = subprocess.run(cmd, cwd=ROOT)
         rec(st, "process", seconds=time.perf_counter() - t, returncode=r.returncode)
