@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Optional, Sequence
 
-from laya_grpc.core.answers import EMPTY
 from laya_grpc.core.confidence_gate import check_min_confidence
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.questions import parse_questions
@@ -108,8 +107,6 @@ class Predictor:
             raise LayaError(Kind.BAD_REQUEST, "'state' is required")
         if not states:
             return []
-        if not questions:
-            return [EMPTY.body() for _ in states]
         parsed = parse_questions(questions)
         chunk = batch_size if batch_size and batch_size > 0 else max(1, len(states))
         results: list[dict[str, Any]] = []

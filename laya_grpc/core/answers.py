@@ -19,6 +19,8 @@ from .confidence_gate import ABSTAINED, PASSED, UNEVALUATED, Threshold, threshol
 from .routing import Routing
 
 MODEL_TAG = "laya-rl-agent"   # upstream's constant family tag; the checkpoint is in routing.model
+STRICT_KEYS = {"choice": ("type", "choice", "confidence", "probabilities"),
+               "score": ("type", "score", "confidence", "probabilities", "legend"), "noul": ("type", "noul")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,16 +28,6 @@ class Gate:
     """The min_confidence gate's verdict on one answer (`abstention`: passed, abstained, unevaluated)."""
     abstention: str
     threshold: float
-
-    def add_to(self, d: dict) -> None:
-        if self.abstention == ABSTAINED:
-            d["low_confidence"] = True
-        d["abstention"] = self.abstention
-        d["abstention_threshold"] = self.threshold
-
-
-def _usable(x: float) -> Optional[float]:
-    return x if math.isfinite(x) else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,12 +40,18 @@ class _Answer:
     gate: Optional[Gate] = None
     jev: Optional[float] = None   # laya serve's x_jev_confidence (choice, score); None when it adds none
 
+    def strict_body(self) -> dict:
+        """LAYA_JEV_STRICT's projection: the Jev contract's keys, in its order."""
+        full = self.body(served=False)
+        return {k: full[k] for k in STRICT_KEYS[self.TYPE]}
+
     def _tail(self, d: dict, served: bool) -> dict:
-        d["confidence"] = self.confidence
-        d["answer_confidence"] = self.answer_confidence
-        d["action"] = {"act_probability": self.act_probability}
-        if self.gate is not None:
-            self.gate.add_to(d)
+        d.update(confidence=self.confidence, answer_confidence=self.answer_confidence,
+                 action={"act_probability": self.act_probability})
+        if self.gate is not None:   # low_confidence (only when abstained) first, as upstream writes them
+            if self.gate.abstention == ABSTAINED:
+                d["low_confidence"] = True
+            d.update(abstention=self.gate.abstention, abstention_threshold=self.gate.threshold)
         if served and self.jev is not None:
             d["x_jev_confidence"] = self.jev
         return d
@@ -61,9 +59,9 @@ class _Answer:
     def gated(self, min_confidence: Threshold) -> "Answer":
         """This answer with upstream's gate verdict: its `answer_confidence` (else `confidence`)
         against the threshold of its type and option-count bucket (the count of its probabilities)."""
-        conf = _usable(self.answer_confidence)
-        conf = conf if conf is not None else _usable(self.confidence)
-        threshold = float(threshold_for(self.TYPE, self._count(), min_confidence))
+        conf = next((c for c in (self.answer_confidence, self.confidence) if math.isfinite(c)), None)
+        k = len(getattr(self, "probabilities", (False, True)))   # a noul has two
+        threshold = float(threshold_for(self.TYPE, k, min_confidence))
         verdict = UNEVALUATED if conf is None else ABSTAINED if conf < threshold else PASSED
         return replace(self, gate=Gate(verdict, threshold))
 
@@ -74,16 +72,9 @@ class ChoiceAnswer(_Answer):
     choice: Any                                  # the caller's label, JSON type kept (1, 2.5, true, "x")
     probabilities: tuple[tuple[Any, float], ...]   # (label, p): the answer's dict items (equal labels merged)
 
-    def _count(self) -> int:
-        return len(self.probabilities)
-
     def body(self, served: bool = True) -> dict:
         return self._tail({"type": "choice", "choice": self.choice, "probabilities": dict(self.probabilities)},
                           served)
-
-    def strict_body(self) -> dict:
-        return {"type": "choice", "choice": self.choice, "confidence": self.confidence,
-                "probabilities": dict(self.probabilities)}
 
 
 def _levels(values: tuple) -> dict:
@@ -97,16 +88,9 @@ class ScoreAnswer(_Answer):
     legend: tuple[str, ...]            # level i's text
     probabilities: tuple[float, ...]   # level i's probability
 
-    def _count(self) -> int:
-        return len(self.probabilities)
-
     def body(self, served: bool = True) -> dict:
         return self._tail({"type": "score", "score": self.score, "legend": _levels(self.legend),
                            "probabilities": _levels(self.probabilities)}, served)
-
-    def strict_body(self) -> dict:
-        return {"type": "score", "score": self.score, "confidence": self.confidence,
-                "probabilities": _levels(self.probabilities), "legend": _levels(self.legend)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,14 +98,8 @@ class NoulAnswer(_Answer):
     TYPE = "noul"
     noul: float
 
-    def _count(self) -> int:
-        return 2
-
     def body(self, served: bool = True) -> dict:
         return self._tail({"type": "noul", "noul": self.noul}, served)
-
-    def strict_body(self) -> dict:
-        return {"type": "noul", "noul": self.noul}
 
 
 Answer = Union[ChoiceAnswer, ScoreAnswer, NoulAnswer]

@@ -73,17 +73,11 @@ def _routing(r: Routing, m) -> None:
     m.model, m.reason = r.model, r.reason
     if r.repo is not None:
         m.repo = r.repo
-    d = r.detection
-    if d is not None:
-        det = m.detection
-        det.script = d["script"]
-        det.script_profile.update(d["script_profile"])
-        if d.get("language") is not None:
-            det.language = d["language"]
-        det.is_english, det.language_undecided = d["is_english"], d["language_undecided"]
-        det.diacritic_rate, det.non_latin_fraction = d["diacritic_rate"], d["non_latin_fraction"]
-        if d.get("mixed_segment") is not None:
-            det.mixed_segment = d["mixed_segment"]
+    if r.detection is not None:   # langdetect's dict: its keys are the Detection fields (None: unset)
+        m.detection.script_profile.update(r.detection["script_profile"])
+        for key, value in r.detection.items():
+            if value is not None and key != "script_profile":
+                setattr(m.detection, key, value)
     if r.workflow is not None:
         m.workflow = r.workflow
 
