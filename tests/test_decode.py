@@ -26,7 +26,7 @@ from laya.agent import Agent
 from laya.common import clamp_temperature as up_clamp
 from laya.common import temp_bucket as up_bucket
 
-from laya_grpc.core.answers import ChoiceAnswer, Decision, Usage
+from laya_grpc.core.answers import Decision, Gate, Usage
 from laya_grpc.core.confidence_gate import check_min_confidence
 from laya_grpc.core.decode import decode_answer, jev_confidence
 from laya_grpc.core.errors import Kind, LayaError
@@ -63,7 +63,7 @@ def _upstream_agent(cfg: dict) -> Agent:
     return agent
 
 
-def _both_typed(qdef: dict, slot_logits: np.ndarray, act_logits: np.ndarray, cfg: dict):
+def _both_typed(qdef: dict, slot_logits: np.ndarray, act_logits: np.ndarray, cfg: dict, min_confidence=None):
     """(ours, upstream's) answer for one question from the same raw outputs."""
     k = len(slot_logits)
     padded = np.full((1, k + 3), -1e4, dtype=np.float32)     # wider batch rows, as a collate makes
@@ -73,7 +73,7 @@ def _both_typed(qdef: dict, slot_logits: np.ndarray, act_logits: np.ndarray, cfg
     theirs = _upstream_agent(cfg)._decode_answers(padded, act, [{"markers": list(range(k))}], ["q"],
                                                   internal, 0)["q"]
     question = parse_questions({"q": qdef})[0]
-    ours = decode_answer(question, slot_logits, act_logits, _quiet_temperatures(cfg))
+    ours = decode_answer(question, slot_logits, act_logits, _quiet_temperatures(cfg), min_confidence)
     return ours, theirs
 
 
@@ -247,14 +247,15 @@ GOOD_THRESHOLDS = [0.0, 0.4, 0.5, 0.75, 1, 1.0, {"default": 0.6},
                    {"choice:11+": 0.2, "score:2": 0.99}]
 
 
-def _random_answers(rng: np.random.Generator, cfg: dict) -> tuple[Decision, dict]:
-    """Ten answers, ours (as one Decision, with upstream's act probability for a JSON compare) and upstream's."""
+def _random_answers(rng: np.random.Generator, cfg: dict, min_confidence=None) -> tuple[Decision, dict]:
+    """Ten answers, ours (as one Decision, with upstream's act probability for a JSON compare, gated at
+    `min_confidence`) and upstream's (not gated)."""
     ours, theirs = [], {}
     for i, (qtype, k) in enumerate([("choice", 1), ("choice", 2), ("choice", 4), ("choice", 8), ("choice", 12),
                                     ("score", 2), ("score", 5), ("score", 7), ("score", 13), ("noul", 2)]):
         q = _question(qtype, k, rng)
         o, t = _both_typed(q, (rng.standard_normal(k) * 2).astype(np.float32), np.asarray([2.0, 0.0], np.float32),
-                           cfg)
+                           cfg, min_confidence)
         ours.append(dataclasses.replace(o, qid="q%d" % i, act_probability=t["action"]["act_probability"]))
         theirs["q%d" % i] = t
     return Decision(tuple(ours), Usage(9, 0)), theirs
@@ -265,8 +266,8 @@ def test_gate_matches_upstream(threshold):
     rng = np.random.default_rng(99)
     states = set()
     for _ in range(20):
-        ours, theirs = _random_answers(rng, CONFIGS["tiny"])
-        gated = ours.gated(check_min_confidence(threshold)).body()["answers"]
+        ours, theirs = _random_answers(rng, CONFIGS["tiny"], check_min_confidence(threshold))
+        gated = ours.body()["answers"]
         up = [{"answers": theirs}]
         up_confidence.apply_confidence_gate(up, up_confidence.check_min_confidence(threshold))
         assert json.dumps(gated) == json.dumps(up[0]["answers"])
@@ -276,14 +277,12 @@ def test_gate_matches_upstream(threshold):
 
 
 def test_gate_unset_writes_nothing_and_unevaluated_is_reported():
-    ours, _ = _random_answers(np.random.default_rng(3), CONFIGS["none"])
-    assert ours.gated(check_min_confidence(None)) is ours
-    odd = ChoiceAnswer(qid="x", choice="a", probabilities=(("a", 0.5),), confidence=float("nan"),
-                       answer_confidence=float("nan"), act_probability=0.5)
+    ours, _ = _random_answers(np.random.default_rng(3), CONFIGS["none"], check_min_confidence(None))
+    assert all(a.gate is None for a in ours.answers) and "abstention" not in json.dumps(ours.body())
     up = [{"answers": {"x": {"type": "choice", "probabilities": {"a": 0.5}, "answer_confidence": float("nan"),
                              "confidence": float("nan")}}}]
     up_confidence.apply_confidence_gate(up, 0.3)
-    gate = odd.gated(0.3).gate
+    gate = Gate.of("choice", 1, float("nan"), float("nan"), 0.3)
     assert (gate.abstention, gate.threshold) == ("unevaluated", up[0]["answers"]["x"]["abstention_threshold"])
     assert up[0]["answers"]["x"]["abstention"] == "unevaluated" and "low_confidence" not in up[0]["answers"]["x"]
 
@@ -292,9 +291,9 @@ def test_gate_unset_writes_nothing_and_unevaluated_is_reported():
 def test_serve_fields_match_upstream(gate):
     rng = np.random.default_rng(5)
     for _ in range(30):
-        ours, theirs = _random_answers(rng, CONFIGS["buckets"])
+        ours, theirs = _random_answers(rng, CONFIGS["buckets"], check_min_confidence(gate))
         routing = Routing(model="english", repo=None, reason="r", detection=None, workflow=None)
-        decision = dataclasses.replace(ours.gated(check_min_confidence(gate)), routing=routing)
+        decision = dataclasses.replace(ours, routing=routing)
         up_result = {"model": "laya-rl-agent", "answers": theirs, "usage": ours.usage.body(), "routing": routing.block()}
         up_confidence.apply_confidence_gate([up_result], up_confidence.check_min_confidence(gate)
                                             if gate is not None else None)

@@ -158,13 +158,13 @@ def test_typed_answer_is_the_http_body(criteria, strict):
     for gate in (None, 0.5, {"choice:3-5": 0.9, "default": 0.2}):
         for rep in range(5):
             answers = tuple(decode_answer(q, rng.normal(size=len(q.options)).astype(np.float32) * 3,
-                                          rng.normal(size=2).astype(np.float32), Temperatures.from_config({}))
+                                          rng.normal(size=2).astype(np.float32), Temperatures.from_config({}), gate)
                             for q in qs)
             usage = Usage(5, 0, 3, rep, bool(rep % 2), ("c",) if rep % 2 else ())
             routing = Routing(model="english", repo=None if rep % 3 == 0 else "/x", reason="r",
                               detection=None if rep == 4 else analyse(["hello there", "bonjour à tous"][rep % 2]),
                               workflow=None if rep % 2 else "wf")
-            decision = Decision(answers, usage, routing, strict).gated(gate)
+            decision = Decision(answers, usage, routing, strict)
             got = decision_pb2.DecideResponse()
             pack_decision(decision, got)
             want = json.loads(render_json(decision.body()))

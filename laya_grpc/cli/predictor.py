@@ -111,9 +111,6 @@ class Predictor:
         chunk = batch_size if batch_size and batch_size > 0 else max(1, len(states))
         results: list[dict[str, Any]] = []
         for start in range(0, len(states), chunk):
-            results.extend(d.gated(threshold).body()
-                           for d in self._run(states[start:start + chunk], parsed, max_len, head_max_len))
+            results.extend(d.body() for d in self._loop.run_until_complete(
+                self.decider.answer(self.NAME, states[start:start + chunk], parsed, max_len, head_max_len, threshold)))
         return results
-
-    def _run(self, states: list, parsed: list, max_len: Optional[int], head_max_len: Optional[int]) -> list:
-        return self._loop.run_until_complete(self.decider.answer(self.NAME, states, parsed, max_len, head_max_len))

@@ -12,7 +12,7 @@ choice and score answer) and `LAYA_JEV_STRICT`'s projection onto the Jev keys (`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from .confidence_gate import ABSTAINED, PASSED, UNEVALUATED, Threshold, threshold_for
@@ -28,6 +28,17 @@ class Gate:
     """The min_confidence gate's verdict on one answer (`abstention`: passed, abstained, unevaluated)."""
     abstention: str
     threshold: float
+
+    @classmethod
+    def of(cls, qtype: str, k: int, answer_confidence: float, confidence: float,
+           min_confidence: Optional[Threshold]) -> Optional["Gate"]:
+        """Upstream's verdict on an answer of `qtype` with `k` probabilities (its bucket): its
+        `answer_confidence` (else `confidence`) against the threshold; None without a threshold."""
+        if min_confidence is None:
+            return None
+        conf = answer_confidence if math.isfinite(answer_confidence) else confidence
+        threshold = float(threshold_for(qtype, k, min_confidence))
+        return cls(UNEVALUATED if not math.isfinite(conf) else ABSTAINED if conf < threshold else PASSED, threshold)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,8 +57,8 @@ class _Answer:
         return {k: full[k] for k in STRICT_KEYS[self.TYPE]}
 
     def _tail(self, d: dict, served: bool) -> dict:
-        d.update(confidence=self.confidence, answer_confidence=self.answer_confidence,
-                 action={"act_probability": self.act_probability})
+        d["confidence"], d["answer_confidence"] = self.confidence, self.answer_confidence
+        d["action"] = {"act_probability": self.act_probability}
         if self.gate is not None:   # low_confidence (only when abstained) first, as upstream writes them
             if self.gate.abstention == ABSTAINED:
                 d["low_confidence"] = True
@@ -55,15 +66,6 @@ class _Answer:
         if served and self.jev is not None:
             d["x_jev_confidence"] = self.jev
         return d
-
-    def gated(self, min_confidence: Threshold) -> "Answer":
-        """This answer with upstream's gate verdict: its `answer_confidence` (else `confidence`)
-        against the threshold of its type and option-count bucket (the count of its probabilities)."""
-        conf = next((c for c in (self.answer_confidence, self.confidence) if math.isfinite(c)), None)
-        k = len(getattr(self, "probabilities", (False, True)))   # a noul has two
-        threshold = float(threshold_for(self.TYPE, k, min_confidence))
-        verdict = UNEVALUATED if conf is None else ABSTAINED if conf < threshold else PASSED
-        return replace(self, gate=Gate(verdict, threshold))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,12 +174,6 @@ class Decision:
     usage: Usage = Usage()
     routing: Optional[Routing] = None   # set: laya serve's form; None: Agent.predict's
     strict: bool = False                # LAYA_JEV_STRICT: only the Jev contract's keys
-
-    def gated(self, min_confidence: Optional[Threshold]) -> "Decision":
-        """With the opt-in min_confidence gate's fields (unchanged without a threshold)."""
-        if min_confidence is None:
-            return self
-        return replace(self, answers=tuple(a.gated(min_confidence) for a in self.answers))
 
     def body(self) -> dict:
         """The `/v1/systemone` response object (an `Agent.predict` result without routing)."""

@@ -9,11 +9,12 @@ which renders it in upstream's key order.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
-from .answers import Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer
+from .answers import Answer, ChoiceAnswer, Gate, NoulAnswer, ScoreAnswer
+from .confidence_gate import Threshold
 from .errors import Kind, LayaError
 from .questions import Question
 from .temperatures import Temperatures
@@ -54,8 +55,9 @@ def max_confidence(p: np.ndarray, k: int) -> float:
 
 
 def decode_answer(question: Question, option_logits: np.ndarray, act_logits: np.ndarray,
-                  temperatures: Temperatures) -> Answer:
-    """One answer as `Agent.predict` returns it (and the `x_jev_confidence` laya serve adds).
+                  temperatures: Temperatures, min_confidence: Optional[Threshold] = None) -> Answer:
+    """One answer as `Agent.predict` returns it (and the `x_jev_confidence` laya serve adds), with
+    the opt-in min_confidence gate's verdict.
 
     `option_logits`: float32 [k], one per option marker, in SLOT order (as fed to the model).
     `act_logits`: float32 [n_act]; `act_probability` is softmax(act_logits)[0]. Upstream takes
@@ -70,39 +72,45 @@ def decode_answer(question: Question, option_logits: np.ndarray, act_logits: np.
     t = temperatures.for_question(question.qtype, k)
     p = unpermute(softmax_f32(logits / t), question.option_order)
     act = softmax_f32(np.asarray(act_logits, dtype=np.float32))
-    common = {"qid": question.qid, "act_probability": round(float(act[0]), 4),
-              "answer_confidence": round(max_confidence(p, k), 4)}
+    act_probability, answer_conf = round(float(act[0]), 4), round(max_confidence(p, k), 4)
+    if question.type == "noul":
+        p_true = float(p[1])
+        conf = round(max(p_true, 1.0 - p_true), 4)
+        return NoulAnswer(qid=question.qid, noul=round(p_true, 4), confidence=conf, answer_confidence=answer_conf,
+                          act_probability=act_probability,
+                          gate=Gate.of("noul", 2, answer_conf, conf, min_confidence))
+    conf = round(entropy_confidence(p, k), 4)
     if question.type == "choice":
         # a dict first, as upstream's: equal labels (1, 1.0, True) are one entry, first place, last value
-        probabilities = tuple({label: round(float(v), 4) for label, v in zip(question.labels, p)}.items())
-        return ChoiceAnswer(choice=question.labels[int(p.argmax())], probabilities=probabilities,
-                            confidence=round(entropy_confidence(p, k), 4),
-                            jev=jev_confidence("choice", [v for _, v in probabilities]), **common)
-    if question.type == "score":
-        levels = tuple(round(float(v), 4) for v in p)
-        return ScoreAnswer(score=round(float((np.arange(k) * p).sum()), 4), legend=tuple(question.legend.values()),
-                           probabilities=levels, confidence=round(entropy_confidence(p, k), 4),
-                           jev=jev_confidence("score", levels), **common)
-    p_true = float(p[1])
-    return NoulAnswer(noul=round(p_true, 4), confidence=round(max(p_true, 1.0 - p_true), 4), **common)
+        probabilities = {label: round(float(v), 4) for label, v in zip(question.labels, p)}
+        return ChoiceAnswer(qid=question.qid, choice=question.labels[int(p.argmax())],
+                            probabilities=tuple(probabilities.items()), confidence=conf,
+                            answer_confidence=answer_conf, act_probability=act_probability,
+                            gate=Gate.of("choice", len(probabilities), answer_conf, conf, min_confidence),
+                            jev=jev_confidence("choice", probabilities.values()))
+    levels = tuple(round(float(v), 4) for v in p)
+    return ScoreAnswer(qid=question.qid, score=round(float((np.arange(k) * p).sum()), 4),
+                       legend=tuple(question.legend.values()), probabilities=levels, confidence=conf,
+                       answer_confidence=answer_conf, act_probability=act_probability,
+                       gate=Gate.of("score", k, answer_conf, conf, min_confidence), jev=jev_confidence("score", levels))
 
 
-def jev_confidence(kind: str, p: Sequence[float]) -> Optional[float]:
+def jev_confidence(kind: str, p) -> Optional[float]:
     """laya serve's `x_jev_confidence` from a choice or score answer's rounded probabilities (score
     levels in order), 4 places; None when they are not finite non-negative numbers.
 
     choice: (max p - 1/n)/(1 - 1/n); score: max(0, 1 - sum p_i|i - mode| / D), D the same spread
-    for a uniform distribution; 1.0 for a single option (upstream `confidence.jev_confidence`).
+    for a uniform distribution; 1.0 for a single option (upstream `confidence.jev_confidence`, on p
+    normalised to sum 1: max(p)/total is max(p/total), division by a positive number keeping order).
     """
-    n = len(p)
-    if not n or not all(math.isfinite(v) and v >= 0.0 for v in p):
+    n, total = len(p), sum(p)
+    if not n or not math.isfinite(total) or min(p) < 0.0:   # a NaN or infinity makes the sum one
         return None
     if n == 1:
         return 1.0
-    total = sum(p)
-    p = [v / total for v in p] if total else [1.0 / n] * n
     if kind == "choice":
-        return round((max(p) - 1.0 / n) / (1.0 - 1.0 / n), 4)
+        return round(((max(p) / total if total else 1.0 / n) - 1.0 / n) / (1.0 - 1.0 / n), 4)
+    p = [v / total for v in p] if total else [1.0 / n] * n
     mode = max(range(n), key=p.__getitem__)
     spread = sum(v * abs(i - mode) for i, v in enumerate(p))
     center = (n - 1) / 2

@@ -13,7 +13,6 @@ exactly as upstream's `Router.predict_batch` does.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from typing import Any, Optional, Protocol, Sequence
 
 from laya_grpc.core import request_id, timing, tracing
@@ -55,8 +54,8 @@ class Decider:
         decision = self._route(req.state, req.raw_questions, req.controls)
         timing.mark("route")
         [result] = await self.answer(decision.model, [req.state], req.questions, req.controls.max_len,
-                                     req.controls.head_max_len)
-        result = self._finish(result, decision, req.controls.min_confidence)
+                                     req.controls.head_max_len, req.controls.min_confidence)
+        result = self._finish(result, decision)
         timing.mark("decode")
         return result
 
@@ -75,9 +74,9 @@ class Decider:
         results: list[Optional[Decision]] = [None] * len(req.states)
         for name, indices in groups.items():
             answered = await self.answer(name, [req.states[i] for i in indices], req.questions,
-                                         req.controls.max_len, req.controls.head_max_len)
+                                         req.controls.max_len, req.controls.head_max_len, req.controls.min_confidence)
             for i, result in zip(indices, answered):
-                results[i] = self._finish(result, decisions[i], req.controls.min_confidence)
+                results[i] = self._finish(result, decisions[i])
         return BatchDecision(tuple(results))
 
     # -- steps --------------------------------------------------------------------------------
@@ -87,9 +86,10 @@ class Decider:
                      auto_task=self.settings.auto_task)
 
     async def answer(self, checkpoint: str, states: Sequence[Any], questions: list[Question],
-                     max_len: Optional[int] = None, head_max_len: Optional[int] = None) -> list[Decision]:
-        """`Agent.predict_batch` for states routed to one checkpoint, before the min_confidence gate:
-        one Decision (answers and usage, no routing) per state. The one answer loop: the services' routes and
+                     max_len: Optional[int] = None, head_max_len: Optional[int] = None,
+                     min_confidence: Optional[Threshold] = None) -> list[Decision]:
+        """`Agent.predict_batch` for states routed to one checkpoint: one Decision (answers, with the
+        min_confidence gate's verdicts when asked, and usage; no routing) per state. The one answer loop: the services' routes and
         the in-process `Predictor` (laya_grpc/cli/predictor.py) both end here.
 
         More than PIPELINE_ROWS rows go in chunks of states, pipelined: the next chunk is tokenized,
@@ -101,21 +101,21 @@ class Decider:
         self.inflight += 1
         try:
             request_id.note_checkpoint(checkpoint)
-            temperatures = await self.services.temperatures(checkpoint)
+            decoding = (await self.services.temperatures(checkpoint), min_confidence)
             timing.mark("route")
             if len(states) > per:
                 return await self._pipelined(checkpoint, [states[i: i + per] for i in range(0, len(states), per)],
-                                             questions, max_len, head_max_len, temperatures)
+                                             questions, max_len, head_max_len, decoding)
             encoded = await self._tokenize(checkpoint, states, questions, max_len, head_max_len)
             timing.mark("tokenizer_hop")
             out = await self._infer(checkpoint, encoded)
             timing.mark("inference_hop")
         finally:
             self.inflight -= 1
-        return _decode(questions, encoded, out, temperatures)
+        return _decode(questions, encoded, out, *decoding)
 
     async def _pipelined(self, checkpoint: str, chunks: list, questions: list[Question], max_len: Optional[int],
-                         head_max_len: Optional[int], temperatures: Temperatures) -> list[Decision]:
+                         head_max_len: Optional[int], decoding: tuple) -> list[Decision]:
         """Chunks of states through tokenize -> infer -> decode, the stages of neighbouring chunks at
         once: while the network runs chunk k, chunk k+1 is tokenized and chunk k-1 decoded.
 
@@ -136,13 +136,13 @@ class Decider:
                     tok = asyncio.ensure_future(self._tokenize(checkpoint, chunks[k + 1], questions, max_len,
                                                                head_max_len))
                 if done is not None:
-                    results += _decode(questions, *done, temperatures)
+                    results += _decode(questions, *done, *decoding)
                 done = (encoded, await inf)
         finally:
             for task in (tok, inf):
                 _discard(task)
         timing.mark("inference_hop")
-        return results + _decode(questions, *done, temperatures)
+        return results + _decode(questions, *done, *decoding)
 
     async def _tokenize(self, checkpoint: str, states: Sequence[Any], questions: list[Question],
                         max_len: Optional[int], head_max_len: Optional[int]) -> list:
@@ -153,16 +153,17 @@ class Decider:
         with tracing.span("infer", checkpoint=checkpoint):
             return await self.services.infer(checkpoint, [enc.rows for enc in encoded])
 
-    def _finish(self, result: Decision, decision: Routing, min_confidence: Optional[Threshold]) -> Decision:
-        return replace(result.gated(min_confidence), routing=decision, strict=self.settings.jev_strict)
+    def _finish(self, result: Decision, decision: Routing) -> Decision:
+        return Decision(result.answers, result.usage, decision, self.settings.jev_strict)
 
 
-def _decode(questions: list[Question], encoded: list, out, temperatures: Temperatures) -> list[Decision]:
+def _decode(questions: list[Question], encoded: list, out, temperatures: Temperatures,
+            min_confidence: Optional[Threshold]) -> list[Decision]:
     """The answers of tokenized states from their rows' network outputs (rows in state, then question order)."""
     results, r = [], 0
     with tracing.span("decode"):
         for enc in encoded:
-            answers = tuple(decode_answer(q, out.logits[r + i], out.act_logits[r + i], temperatures)
+            answers = tuple(decode_answer(q, out.logits[r + i], out.act_logits[r + i], temperatures, min_confidence)
                             for i, q in enumerate(questions))
             r += len(questions)
             results.append(Decision(answers, enc.usage))
