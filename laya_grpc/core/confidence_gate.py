@@ -17,10 +17,9 @@ from .temperatures import QTYPE_NAMES, option_bucket
 
 Threshold = Union[float, dict[str, float]]
 
-BUCKET_QTYPES = QTYPE_NAMES
 BUCKET_SIZES = ("2", "3-5", "6-10", "11+")
 DEFAULT_KEY = "default"
-_ALLOWED_KEYS = {"%s:%s" % (qt, size) for qt in BUCKET_QTYPES for size in BUCKET_SIZES} | {DEFAULT_KEY}
+_ALLOWED_KEYS = {"%s:%s" % (qt, size) for qt in QTYPE_NAMES for size in BUCKET_SIZES} | {DEFAULT_KEY}
 
 PASSED, ABSTAINED, UNEVALUATED = "passed", "abstained", "unevaluated"
 
@@ -55,7 +54,5 @@ def threshold_for(qtype: str, k: int, min_confidence: Threshold) -> float:
     bucket off the answer itself): its bucket's, else the map's default, else 0.0."""
     if not isinstance(min_confidence, dict):
         return min_confidence
-    key = option_bucket(BUCKET_QTYPES.index(qtype), k) if k else None
-    if key is not None and key in min_confidence:
-        return min_confidence[key]
-    return min_confidence.get(DEFAULT_KEY, 0.0)
+    key = option_bucket(QTYPE_NAMES.index(qtype), k) if k else DEFAULT_KEY
+    return min_confidence.get(key, min_confidence.get(DEFAULT_KEY, 0.0))
