@@ -227,6 +227,19 @@ def test_bad_temperature_shapes_are_checkpoint_errors():
         assert e.value.kind is Kind.CHECKPOINT and "temperature" in e.value.detail
 
 
+@pytest.mark.parametrize("cfg_name", sorted(CONFIGS))
+def test_temperatures_cross_the_status_contract_as_applied(cfg_name):
+    """CheckpointStatus.temperatures carries the clamped values the engine decodes with, every
+    bucket override included, so the gateway reads no rl_agent_config.json."""
+    from laya_proto.v1 import status_pb2
+    applied = _quiet_temperatures(CONFIGS[cfg_name])
+    st = status_pb2.CheckpointStatus()
+    applied.to_proto(st.temperatures)
+    got = Temperatures.from_proto(status_pb2.CheckpointStatus.FromString(st.SerializeToString()).temperatures)
+    assert got == applied
+    assert all(got.for_question(qt, k) == applied.for_question(qt, k) for qt in range(3) for k in (2, 4, 8, 12))
+
+
 BAD_THRESHOLDS = [1.5, -0.1, True, False, "0.5", float("nan"), float("inf"), [0.5], {},
                   {"choice:7": 0.5}, {"default": 2}, {"noul:2": True}, {1: 0.5}, {"Choice:2": 0.5},
                   {"default": 0.5, "score:11+": "x"}]

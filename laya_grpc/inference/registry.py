@@ -43,7 +43,7 @@ class Slot:
     fingerprint: str = ""
     sha256: str = ""
     config_json: str = ""
-    temperatures: Optional[Temperatures] = None   # clamped at load; the gateway decodes with them
+    temperatures: Optional[Temperatures] = None   # clamped at load; the engine decodes with them
     pad_id: int = 0
     load_ms: float = 0.0
     warmup_ms: float = 0.0
