@@ -79,10 +79,6 @@ class ChoiceAnswer(_Answer):
                           served)
 
 
-def _levels(values: tuple) -> dict:
-    return {str(i): v for i, v in enumerate(values)}
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScoreAnswer(_Answer):
     TYPE = "score"
@@ -91,8 +87,9 @@ class ScoreAnswer(_Answer):
     probabilities: tuple[float, ...]   # level i's probability
 
     def body(self, served: bool = True) -> dict:
-        return self._tail({"type": "score", "score": self.score, "legend": _levels(self.legend),
-                           "probabilities": _levels(self.probabilities)}, served)
+        levels = [str(i) for i in range(len(self.legend))]   # level keys "0", "1", ...
+        return self._tail({"type": "score", "score": self.score, "legend": dict(zip(levels, self.legend)),
+                           "probabilities": dict(zip(levels, self.probabilities))}, served)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
