@@ -154,14 +154,13 @@ class Usage:
     def from_proto(cls, m, order=None) -> "Usage":
         """From a `laya_proto.v1.Usage`; `options` in the question ids' `order` when given (a proto
         map keeps no order)."""
-        keys = list(m.options) if order is None else [k for k in order if k in m.options]
-        options = tuple(OptionUsage(k, m.options[k].total, m.options[k].distinct,
-                                    m.options[k].tokens_per_option if m.options[k].HasField("tokens_per_option")
-                                    else None) for k in keys)
-        if not m.HasField("state_tokens"):
-            return cls(m.input_tokens, m.output_tokens, options=options)
-        return cls(m.input_tokens, m.output_tokens, m.state_tokens, m.state_tokens_dropped, m.truncated,
-                   tuple(m.truncated_questions), options)
+        o = m.options
+        options = tuple(OptionUsage(k, o[k].total, o[k].distinct,
+                                    o[k].tokens_per_option if o[k].HasField("tokens_per_option") else None)
+                        for k in (o if order is None else [k for k in order if k in o]))
+        state = ((m.state_tokens, m.state_tokens_dropped, m.truncated, tuple(m.truncated_questions))
+                 if m.HasField("state_tokens") else (None, 0, False, ()))
+        return cls(m.input_tokens, m.output_tokens, *state, options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,17 +77,15 @@ def decode_answer(question: Question, option_logits: np.ndarray, act_logits: np.
         p_true = float(p[1])
         conf = round(max(p_true, 1.0 - p_true), 4)
         return NoulAnswer(qid=question.qid, noul=round(p_true, 4), confidence=conf, answer_confidence=answer_conf,
-                          act_probability=act_probability,
-                          gate=Gate.of("noul", 2, answer_conf, conf, min_confidence))
+                          act_probability=act_probability, gate=Gate.of("noul", 2, answer_conf, conf, min_confidence))
     conf = round(entropy_confidence(p, k), 4)
     if question.type == "choice":
         # a dict first, as upstream's: equal labels (1, 1.0, True) are one entry, first place, last value
         probabilities = {label: round(float(v), 4) for label, v in zip(question.labels, p)}
-        return ChoiceAnswer(qid=question.qid, choice=question.labels[int(p.argmax())],
-                            probabilities=tuple(probabilities.items()), confidence=conf,
-                            answer_confidence=answer_conf, act_probability=act_probability,
-                            gate=Gate.of("choice", len(probabilities), answer_conf, conf, min_confidence),
-                            jev=jev_confidence("choice", probabilities.values()))
+        return ChoiceAnswer(qid=question.qid, choice=question.labels[int(p.argmax())], confidence=conf,
+                            probabilities=tuple(probabilities.items()), answer_confidence=answer_conf,
+                            act_probability=act_probability, jev=jev_confidence("choice", probabilities.values()),
+                            gate=Gate.of("choice", len(probabilities), answer_conf, conf, min_confidence))
     levels = tuple(round(float(v), 4) for v in p)
     return ScoreAnswer(qid=question.qid, score=round(float((np.arange(k) * p).sum()), 4),
                        legend=tuple(question.legend.values()), probabilities=levels, confidence=conf,

@@ -55,7 +55,7 @@ class Decider:
         timing.mark("route")
         [result] = await self.answer(decision.model, [req.state], req.questions, req.controls.max_len,
                                      req.controls.head_max_len, req.controls.min_confidence)
-        result = self._finish(result, decision)
+        result = Decision(result.answers, result.usage, decision, self.settings.jev_strict)
         timing.mark("decode")
         return result
 
@@ -76,7 +76,7 @@ class Decider:
             answered = await self.answer(name, [req.states[i] for i in indices], req.questions,
                                          req.controls.max_len, req.controls.head_max_len, req.controls.min_confidence)
             for i, result in zip(indices, answered):
-                results[i] = self._finish(result, decisions[i])
+                results[i] = Decision(result.answers, result.usage, decisions[i], self.settings.jev_strict)
         return BatchDecision(tuple(results))
 
     # -- steps --------------------------------------------------------------------------------
@@ -88,9 +88,9 @@ class Decider:
     async def answer(self, checkpoint: str, states: Sequence[Any], questions: list[Question],
                      max_len: Optional[int] = None, head_max_len: Optional[int] = None,
                      min_confidence: Optional[Threshold] = None) -> list[Decision]:
-        """`Agent.predict_batch` for states routed to one checkpoint: one Decision (answers, with the
-        min_confidence gate's verdicts when asked, and usage; no routing) per state. The one answer loop: the services' routes and
-        the in-process `Predictor` (laya_grpc/cli/predictor.py) both end here.
+        """`Agent.predict_batch` for states routed to one checkpoint: a Decision per state (answers,
+        gated when `min_confidence` is given, and usage; no routing). The one answer loop: the
+        services' routes and the in-process `Predictor` (laya_grpc/cli/predictor.py) both end here.
 
         More than PIPELINE_ROWS rows go in chunks of states, pipelined: the next chunk is tokenized,
         and the one before decoded, while the network runs the current one (`_pipelined`)."""
@@ -152,9 +152,6 @@ class Decider:
     async def _infer(self, checkpoint: str, encoded: list):
         with tracing.span("infer", checkpoint=checkpoint):
             return await self.services.infer(checkpoint, [enc.rows for enc in encoded])
-
-    def _finish(self, result: Decision, decision: Routing) -> Decision:
-        return Decision(result.answers, result.usage, decision, self.settings.jev_strict)
 
 
 def _decode(questions: list[Question], encoded: list, out, temperatures: Temperatures,

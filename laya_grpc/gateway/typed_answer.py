@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from laya_grpc.core.answers import MODEL_TAG, BatchDecision, ChoiceAnswer, Decision, ScoreAnswer
+from laya_grpc.core.answers import MODEL_TAG, BatchDecision, ChoiceAnswer, Decision, NoulAnswer, ScoreAnswer
 from laya_grpc.core.confidence_gate import ABSTAINED, PASSED, UNEVALUATED
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.json_labels import set_label
@@ -45,22 +45,20 @@ def _answer(a, strict: bool, m) -> None:
         _label(c.choice, a.choice)
         for label, p in a.probabilities:
             _label(c.probabilities.add(probability=_finite(p)).label, label)
-        if a.jev is not None and not strict:
-            c.x_jev_confidence = a.jev
     elif isinstance(a, ScoreAnswer):
         s = m.score
         s.score = _finite(a.score)
         s.legend.extend(a.legend)
         s.probabilities.extend(_finite(p) for p in a.probabilities)
-        if a.jev is not None and not strict:
-            s.x_jev_confidence = a.jev
     else:
         m.noul.noul = _finite(a.noul)
-        if strict:
-            return
-    m.confidence = _finite(a.confidence)
-    if strict:
+    if strict:   # the Jev projection: a choice's or a score's confidence, nothing more
+        if not isinstance(a, NoulAnswer):
+            m.confidence = _finite(a.confidence)
         return
+    if a.jev is not None:   # choice and score only
+        getattr(m, a.TYPE).x_jev_confidence = a.jev
+    m.confidence = _finite(a.confidence)
     m.answer_confidence = _finite(a.answer_confidence)
     m.action.act_probability = _finite(a.act_probability)
     if a.gate is not None:
