@@ -61,7 +61,7 @@ def cases_report(new: TextEncoder, old: TextEncoder, iters: int, warmup: int) ->
             return PackedRows.from_rows(enc.encode(state, qs).rows).pad(new.pad_id)
         text = case.state if isinstance(case.state, str) else str(case.state)
         t = interleaved({"old": lambda: run(old), "new": lambda: run(new)}, iters, warmup)
-        print("%s: %d chars, %d state tokens, %d pieces" % (case.name, len(text), b.usage["state_tokens"],
+        print("%s: %d chars, %d state tokens, %d pieces" % (case.name, len(text), b.usage.state_tokens,
                                                             new._fast.pieces_for(text)))
         print(_row("old (whole text)", t["old"]))
         print(_row("new", t["new"], t["old"]))

@@ -31,12 +31,12 @@ def _run(coro):
 def test_decide_equals_upstream_serve(decider, router, i):  # noqa: F811 - the fixture imported above
     body = json.dumps({"state": STATES[i], "questions": QUESTIONS}).encode()
     ours = _run(decider.decide(parse_decide_body(body, decider.route_table)))
-    assert_close(json.loads(json.dumps(ours)), upstream_body(router, STATES[i], QUESTIONS))
+    assert_close(json.loads(json.dumps(ours.body())), upstream_body(router, STATES[i], QUESTIONS))
 
 
 def test_batch_routes_each_state(decider, router):  # noqa: F811 - the fixture imported above
     body = json.dumps({"states": STATES[:2], "questions": QUESTIONS}).encode()
-    ours = json.loads(json.dumps(_run(decider.decide_batch(parse_batch_body(body, decider.route_table)))))
+    ours = json.loads(json.dumps(_run(decider.decide_batch(parse_batch_body(body, decider.route_table))).body()))
     assert [r["routing"]["model"] for r in ours["results"]] == ["english", "multilingual"]
     for state, result in zip(STATES[:2], ours["results"]):
         assert_close(result, upstream_body(router, state, QUESTIONS))

@@ -1,4 +1,4 @@
-"""decode.py / temperatures.py / confidence_gate.py against upstream laya 0.4.15's own functions.
+"""decode.py / answers.py / temperatures.py / confidence_gate.py against upstream laya 0.4.15's own functions.
 
 The same raw logits go through upstream's `Agent._decode_answers` (on a hand-built Agent carrying
 only the temperatures) and through our numpy decoder; every field, its value and the key order must
@@ -9,6 +9,7 @@ a rounding boundary (about 1 value in 10^4); everything else is compared exactly
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -25,10 +26,12 @@ from laya.agent import Agent
 from laya.common import clamp_temperature as up_clamp
 from laya.common import temp_bucket as up_bucket
 
-from laya_grpc.core.confidence_gate import apply_gate, check_min_confidence
-from laya_grpc.core.decode import add_serve_fields, decode_answer, project_jev_strict
+from laya_grpc.core.answers import Decision, Gate, Usage
+from laya_grpc.core.confidence_gate import check_min_confidence
+from laya_grpc.core.decode import decode_answer, jev_confidence
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.questions import parse_questions
+from laya_grpc.core.routing import Routing
 from laya_grpc.core.temperatures import Temperatures, clamp_temperature, option_bucket
 
 CONFIGS = {
@@ -60,7 +63,7 @@ def _upstream_agent(cfg: dict) -> Agent:
     return agent
 
 
-def _both(qdef: dict, slot_logits: np.ndarray, act_logits: np.ndarray, cfg: dict):
+def _both_typed(qdef: dict, slot_logits: np.ndarray, act_logits: np.ndarray, cfg: dict, min_confidence=None):
     """(ours, upstream's) answer for one question from the same raw outputs."""
     k = len(slot_logits)
     padded = np.full((1, k + 3), -1e4, dtype=np.float32)     # wider batch rows, as a collate makes
@@ -70,8 +73,14 @@ def _both(qdef: dict, slot_logits: np.ndarray, act_logits: np.ndarray, cfg: dict
     theirs = _upstream_agent(cfg)._decode_answers(padded, act, [{"markers": list(range(k))}], ["q"],
                                                   internal, 0)["q"]
     question = parse_questions({"q": qdef})[0]
-    ours = decode_answer(question, slot_logits, act_logits, _quiet_temperatures(cfg))
+    ours = decode_answer(question, slot_logits, act_logits, _quiet_temperatures(cfg), min_confidence)
     return ours, theirs
+
+
+def _both(qdef: dict, slot_logits: np.ndarray, act_logits: np.ndarray, cfg: dict):
+    """(ours, upstream's) answer dict for one question, in `Agent.predict`'s form."""
+    ours, theirs = _both_typed(qdef, slot_logits, act_logits, cfg)
+    return ours.body(served=False), theirs
 
 
 def _assert_same(ours: dict, theirs: dict) -> None:
@@ -218,6 +227,19 @@ def test_bad_temperature_shapes_are_checkpoint_errors():
         assert e.value.kind is Kind.CHECKPOINT and "temperature" in e.value.detail
 
 
+@pytest.mark.parametrize("cfg_name", sorted(CONFIGS))
+def test_temperatures_cross_the_status_contract_as_applied(cfg_name):
+    """CheckpointStatus.temperatures carries the clamped values the engine decodes with, every
+    bucket override included, so the gateway reads no rl_agent_config.json."""
+    from laya_proto.v1 import status_pb2
+    applied = _quiet_temperatures(CONFIGS[cfg_name])
+    st = status_pb2.CheckpointStatus()
+    applied.to_proto(st.temperatures)
+    got = Temperatures.from_proto(status_pb2.CheckpointStatus.FromString(st.SerializeToString()).temperatures)
+    assert got == applied
+    assert all(got.for_question(qt, k) == applied.for_question(qt, k) for qt in range(3) for k in (2, 4, 8, 12))
+
+
 BAD_THRESHOLDS = [1.5, -0.1, True, False, "0.5", float("nan"), float("inf"), [0.5], {},
                   {"choice:7": 0.5}, {"default": 2}, {"noul:2": True}, {1: 0.5}, {"Choice:2": 0.5},
                   {"default": 0.5, "score:11+": "x"}]
@@ -238,14 +260,18 @@ GOOD_THRESHOLDS = [0.0, 0.4, 0.5, 0.75, 1, 1.0, {"default": 0.6},
                    {"choice:11+": 0.2, "score:2": 0.99}]
 
 
-def _random_answers(rng: np.random.Generator, cfg: dict) -> tuple[dict, dict]:
-    ours, theirs = {}, {}
+def _random_answers(rng: np.random.Generator, cfg: dict, min_confidence=None) -> tuple[Decision, dict]:
+    """Ten answers, ours (as one Decision, with upstream's act probability for a JSON compare, gated at
+    `min_confidence`) and upstream's (not gated)."""
+    ours, theirs = [], {}
     for i, (qtype, k) in enumerate([("choice", 1), ("choice", 2), ("choice", 4), ("choice", 8), ("choice", 12),
                                     ("score", 2), ("score", 5), ("score", 7), ("score", 13), ("noul", 2)]):
         q = _question(qtype, k, rng)
-        o, t = _both(q, (rng.standard_normal(k) * 2).astype(np.float32), np.asarray([2.0, 0.0], np.float32), cfg)
-        ours["q%d" % i], theirs["q%d" % i] = o, t
-    return ours, theirs
+        o, t = _both_typed(q, (rng.standard_normal(k) * 2).astype(np.float32), np.asarray([2.0, 0.0], np.float32),
+                           cfg, min_confidence)
+        ours.append(dataclasses.replace(o, qid="q%d" % i, act_probability=t["action"]["act_probability"]))
+        theirs["q%d" % i] = t
+    return Decision(tuple(ours), Usage(9, 0)), theirs
 
 
 @pytest.mark.parametrize("threshold", GOOD_THRESHOLDS, ids=repr)
@@ -253,47 +279,41 @@ def test_gate_matches_upstream(threshold):
     rng = np.random.default_rng(99)
     states = set()
     for _ in range(20):
-        ours, theirs = _random_answers(rng, CONFIGS["tiny"])
-        for a, b in zip(ours.values(), theirs.values()):     # same act probability for a JSON compare
-            a["action"] = b["action"]
-        apply_gate(ours, check_min_confidence(threshold))
+        ours, theirs = _random_answers(rng, CONFIGS["tiny"], check_min_confidence(threshold))
+        gated = ours.body()["answers"]
         up = [{"answers": theirs}]
         up_confidence.apply_confidence_gate(up, up_confidence.check_min_confidence(threshold))
-        assert json.dumps(ours) == json.dumps(up[0]["answers"])
-        states |= {a["abstention"] for a in ours.values()}
+        assert json.dumps(gated) == json.dumps(up[0]["answers"])
+        states |= {a["abstention"] for a in gated.values()}
     if threshold not in (0.0, 1):
         assert states == {"passed", "abstained"}
 
 
 def test_gate_unset_writes_nothing_and_unevaluated_is_reported():
-    ours, _ = _random_answers(np.random.default_rng(3), CONFIGS["none"])
-    before = copy.deepcopy(ours)
-    apply_gate(ours, check_min_confidence(None))
-    assert ours == before
-    odd = {"x": {"type": "choice", "probabilities": {"a": 0.5}, "answer_confidence": float("nan"),
-                 "confidence": True}}
-    up = [{"answers": copy.deepcopy(odd)}]
-    apply_gate(odd, 0.3)
+    ours, _ = _random_answers(np.random.default_rng(3), CONFIGS["none"], check_min_confidence(None))
+    assert all(a.gate is None for a in ours.answers) and "abstention" not in json.dumps(ours.body())
+    up = [{"answers": {"x": {"type": "choice", "probabilities": {"a": 0.5}, "answer_confidence": float("nan"),
+                             "confidence": float("nan")}}}]
     up_confidence.apply_confidence_gate(up, 0.3)
-    assert odd == up[0]["answers"] and odd["x"]["abstention"] == "unevaluated"
+    gate = Gate.of("choice", 1, float("nan"), float("nan"), 0.3)
+    assert (gate.abstention, gate.threshold) == ("unevaluated", up[0]["answers"]["x"]["abstention_threshold"])
+    assert up[0]["answers"]["x"]["abstention"] == "unevaluated" and "low_confidence" not in up[0]["answers"]["x"]
 
 
 @pytest.mark.parametrize("gate", [None, 0.6, {"score:6-10": 0.9, "default": 0.2}], ids=repr)
 def test_serve_fields_match_upstream(gate):
     rng = np.random.default_rng(5)
     for _ in range(30):
-        ours, theirs = _random_answers(rng, CONFIGS["buckets"])
-        for a, b in zip(ours.values(), theirs.values()):
-            a["action"] = b["action"]
-        apply_gate(ours, check_min_confidence(gate))
-        result = {"model": "laya-rl-agent", "answers": ours, "usage": {"input_tokens": 9, "output_tokens": 0,
-                                                                       "truncated": False}}
-        up_result = copy.deepcopy({**result, "answers": theirs})
+        ours, theirs = _random_answers(rng, CONFIGS["buckets"], check_min_confidence(gate))
+        routing = Routing(model="english", repo=None, reason="r", detection=None, workflow=None)
+        decision = dataclasses.replace(ours, routing=routing)
+        up_result = {"model": "laya-rl-agent", "answers": theirs, "usage": ours.usage.body(), "routing": routing.block()}
         up_confidence.apply_confidence_gate([up_result], up_confidence.check_min_confidence(gate)
                                             if gate is not None else None)
-        served = add_serve_fields(result)
-        assert json.dumps(served) == json.dumps(up_serve._add_jev_confidence(up_result))
-        assert json.dumps(project_jev_strict(served)) == json.dumps(up_serve._project_jev_strict(up_result))
+        served = decision.body()
+        assert json.dumps(served) == json.dumps(up_serve._add_jev_confidence(copy.deepcopy(up_result)))
+        assert (json.dumps(dataclasses.replace(decision, strict=True).body())
+                == json.dumps(up_serve._project_jev_strict(up_result)))
         for a in served["answers"].values():
             keys = list(a)
             if a["type"] == "noul":
@@ -301,15 +321,14 @@ def test_serve_fields_match_upstream(gate):
             else:
                 assert keys[-1] == "x_jev_confidence"
                 assert 0.0 <= a["x_jev_confidence"] <= 1.0
-        assert "x_jev_confidence" not in json.dumps(result)         # the input is not edited
+        assert "x_jev_confidence" not in json.dumps(ours.body())   # Agent.predict's form has none
 
 
 def test_jev_confidence_single_option_and_rounding():
-    one = {"type": "choice", "choice": "a", "probabilities": {"a": 1.0}}
-    assert add_serve_fields({"answers": {"q": one}})["answers"]["q"]["x_jev_confidence"] == 1.0
+    assert jev_confidence("choice", [1.0]) == 1.0
     # computed from the ROUNDED probabilities, as upstream does
     score = {"type": "score", "probabilities": {"0": 0.1235, "1": 0.3333, "2": 0.5432}}
-    got = add_serve_fields({"answers": {"q": score}})["answers"]["q"]["x_jev_confidence"]
+    got = jev_confidence("score", list(score["probabilities"].values()))
     assert got == round(up_confidence.jev_confidence(score), 4)
     assert not math.isnan(got)
 

@@ -13,15 +13,16 @@ import pytest
 from laya_grpc.engine.coalesce import InferCoalescer
 from laya_grpc.gateway.contract import may_hold_lone_surrogate, load_json
 from laya_grpc.client.answers import response_dict
-from laya_grpc.gateway.typed_answer import pack_result
+from laya_grpc.gateway.typed_answer import pack_decision
 from laya_grpc.gateway.render import render_json
-from laya_grpc.core.confidence_gate import apply_gate
+from laya_grpc.core.answers import Decision, Usage
 from laya_grpc.core.controls import has_lone_surrogate
-from laya_grpc.core.decode import add_serve_fields, decode_answer, project_jev_strict
+from laya_grpc.core.decode import decode_answer
 from laya_grpc.core.errors import LayaError
 from laya_grpc.core.langdetect import analyse
 from laya_grpc.core.packed_rows import PackedRows
 from laya_grpc.core.questions import parse_questions
+from laya_grpc.core.routing import Routing
 from laya_grpc.core.temperatures import Temperatures
 from laya_proto.v1 import decision_pb2
 
@@ -156,20 +157,17 @@ def test_typed_answer_is_the_http_body(criteria, strict):
                           "n": {"type": "noul", "instructions": "z"}})
     for gate in (None, 0.5, {"choice:3-5": 0.9, "default": 0.2}):
         for rep in range(5):
-            answers = {q.qid: decode_answer(q, rng.normal(size=len(q.options)).astype(np.float32) * 3,
-                                            rng.normal(size=2).astype(np.float32), Temperatures.from_config({}))
-                       for q in qs}
-            result = {"model": "laya-rl-agent", "answers": answers,
-                      "usage": {"input_tokens": 5, "output_tokens": 0, "state_tokens": 3, "state_tokens_dropped": rep,
-                                "truncated": bool(rep % 2), "truncated_questions": ["c"] if rep % 2 else []},
-                      "routing": {"model": "english", "repo": None if rep % 3 == 0 else "/x", "reason": "r",
-                                  "detection": None if rep == 4 else analyse(["hello there", "bonjour à tous"][rep % 2]),
-                                  "workflow": None if rep % 2 else "wf"}}
-            apply_gate(result["answers"], gate)
-            result = project_jev_strict(result) if strict else add_serve_fields(result)
+            answers = tuple(decode_answer(q, rng.normal(size=len(q.options)).astype(np.float32) * 3,
+                                          rng.normal(size=2).astype(np.float32), Temperatures.from_config({}), gate)
+                            for q in qs)
+            usage = Usage(5, 0, 3, rep, bool(rep % 2), ("c",) if rep % 2 else ())
+            routing = Routing(model="english", repo=None if rep % 3 == 0 else "/x", reason="r",
+                              detection=None if rep == 4 else analyse(["hello there", "bonjour à tous"][rep % 2]),
+                              workflow=None if rep % 2 else "wf")
+            decision = Decision(answers, usage, routing, strict)
             got = decision_pb2.DecideResponse()
-            pack_result(result, got)
-            want = json.loads(render_json(result))
+            pack_decision(decision, got)
+            want = json.loads(render_json(decision.body()))
             assert json.dumps(response_dict(got)) == json.dumps(want)
             assert all(a.WhichOneof("answer") == decision_pb2.QuestionType.Name(a.type)[len("QUESTION_TYPE_"):].lower()
                        for a in got.answers)

@@ -288,7 +288,7 @@ def test_encode_jobs_equal_whole_text_path(tokenizer_dirs, preset):
             EncodeJob(states[2:5], QUESTIONS[:1], 128, None), EncodeJob(states[:2], [])]
     got, want = new.encode_jobs(jobs), old.encode_jobs(jobs)
     assert got == want
-    assert any(e.usage["truncated"] for e in got[0]) and any(isinstance(s, list) for s in states[:4])
+    assert any(e.usage.truncated for e in got[0]) and any(isinstance(s, list) for s in states[:4])
 
 
 # -- against upstream laya -----------------------------------------------------------------------
@@ -316,8 +316,8 @@ def test_rows_and_usage_match_upstream_with_dense_cuts(pair):
         assert up_error is None
         got = enc.encode(state, parse_questions(BASIC), overrides.get("max_len"))
         _assert_rows_equal(up_rows, got.rows)
-        assert got.usage == up_usage
-        assert got.usage["state_tokens"] > 1000 and got.usage["truncated"]
+        assert got.usage.body() == up_usage
+        assert got.usage.state_tokens > 1000 and got.usage.truncated
 
 
 # -- parallelism where the service runs ----------------------------------------------------------

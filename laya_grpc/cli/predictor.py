@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Optional, Sequence
 
-from laya_grpc.core.confidence_gate import apply_gate, check_min_confidence
-from laya_grpc.core.decode import empty_result
+from laya_grpc.core.confidence_gate import check_min_confidence
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.questions import parse_questions
 from laya_grpc.core.routing import RouteTable
@@ -108,18 +107,10 @@ class Predictor:
             raise LayaError(Kind.BAD_REQUEST, "'state' is required")
         if not states:
             return []
-        if not questions:
-            return [empty_result()
-                    for _ in states]
         parsed = parse_questions(questions)
         chunk = batch_size if batch_size and batch_size > 0 else max(1, len(states))
         results: list[dict[str, Any]] = []
         for start in range(0, len(states), chunk):
-            results.extend(self._run(states[start:start + chunk], parsed, max_len, head_max_len))
-        for result in results:
-            apply_gate(result["answers"], threshold)
+            results.extend(d.body() for d in self._loop.run_until_complete(
+                self.decider.answer(self.NAME, states[start:start + chunk], parsed, max_len, head_max_len, threshold)))
         return results
-
-    def _run(self, states: list, parsed: list, max_len: Optional[int],
-             head_max_len: Optional[int]) -> list[dict[str, Any]]:
-        return self._loop.run_until_complete(self.decider.answer(self.NAME, states, parsed, max_len, head_max_len))

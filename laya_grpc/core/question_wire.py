@@ -54,34 +54,3 @@ def tokenize_request(request_cls, checkpoint: str, states: list, questions: dict
     for q in parse_questions(questions):
         question_to_text(q, req.questions.add())
     return req
-
-
-def usage_to_proto(u: dict, m) -> None:
-    """Upstream's usage block into a `laya_proto.v1.Usage`."""
-    m.input_tokens = u.get("input_tokens", 0)
-    m.output_tokens = u.get("output_tokens", 0)
-    if "state_tokens" in u:
-        m.state_tokens = u["state_tokens"]
-        m.state_tokens_dropped = u["state_tokens_dropped"]
-        m.truncated = u["truncated"]
-        m.truncated_questions.extend(u["truncated_questions"])
-    for qid, o in (u.get("options") or {}).items():
-        entry = m.options[qid]
-        entry.total, entry.distinct = o["total"], o["distinct"]
-        if o.get("tokens_per_option") is not None:
-            entry.tokens_per_option = o["tokens_per_option"]
-
-
-def usage_from_proto(u, order=None) -> dict:
-    """A `laya_proto.v1.Usage` as upstream's usage block; `options` in the question ids' `order`
-    when given (a proto map keeps no order)."""
-    d: dict = {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens}
-    if u.HasField("state_tokens"):
-        d.update(state_tokens=u.state_tokens, state_tokens_dropped=u.state_tokens_dropped, truncated=u.truncated,
-                 truncated_questions=list(u.truncated_questions))
-    if u.options:
-        keys = [k for k in order if k in u.options] if order is not None else list(u.options)
-        d["options"] = {qid: {"total": u.options[qid].total, "distinct": u.options[qid].distinct,
-                              "tokens_per_option": u.options[qid].tokens_per_option
-                              if u.options[qid].HasField("tokens_per_option") else None} for qid in keys}
-    return d

@@ -95,3 +95,12 @@ class Temperatures:
     def for_question(self, qtype: int, k: int) -> float:
         """The temperature dividing the logits of a `qtype` question with `k` option markers."""
         return self.by_options.get(option_bucket(qtype, k), self.per_type[qtype])
+
+    def to_proto(self, m) -> None:
+        """Into a `laya_proto.v1.Temperatures` (duck-typed: core imports no generated code)."""
+        m.choice, m.score, m.noul = self.per_type
+        m.by_options.update(self.by_options)
+
+    @classmethod
+    def from_proto(cls, m) -> "Temperatures":
+        return cls(per_type=(m.choice, m.score, m.noul), by_options=dict(m.by_options))

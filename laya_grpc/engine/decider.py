@@ -1,14 +1,14 @@
 """The decision flow behind both front ends: route -> tokenize -> infer -> decode -> assemble.
 
-Transport-free: it takes the typed requests of `laya_grpc.engine.requests` and returns upstream `laya serve`
-0.4.15's response dicts (key order included), so the HTTP app only renders them and the gRPC API
-maps them. Each step's failure is a LayaError from the layer that found it.
+Transport-free: it takes the typed requests of `laya_grpc.engine.requests` and returns typed
+answers (`laya_grpc.core.answers`): the HTTP front renders them to upstream `laya serve` 0.4.15's
+JSON, the gRPC front packs them into its messages. Each step's failure is a LayaError from the layer
+that found it.
 
-Result shape (`Router.predict` + serve): `{"model": "laya-rl-agent", "answers", "usage",
-"routing"}`; the min_confidence gate writes its fields after each answer's own, then serve appends
-`x_jev_confidence` (or, under LAYA_JEV_STRICT, projects onto the Jev keys). A batch is
-`{"results": [...], "total_usage": {"input_tokens", "output_tokens"}}`, results in input order,
-each routed on its own state exactly as upstream's `Router.predict_batch` does.
+A `Decision` carries the answers (with the min_confidence gate's verdicts when one was asked), the
+usage and the routing, and renders as `Router.predict` + serve (or, under LAYA_JEV_STRICT, the Jev
+projection). A `BatchDecision` holds the results in input order, each routed on its own state
+exactly as upstream's `Router.predict_batch` does.
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import asyncio
 from typing import Any, Optional, Protocol, Sequence
 
 from laya_grpc.core import request_id, timing, tracing
-from laya_grpc.core.confidence_gate import Threshold, apply_gate
-from laya_grpc.core.decode import MODEL_TAG, add_serve_fields, decode_answer, empty_result, project_jev_strict
+from laya_grpc.core.answers import EMPTY, BatchDecision, Decision
+from laya_grpc.core.confidence_gate import Threshold
+from laya_grpc.core.decode import decode_answer
 from laya_grpc.core.questions import Question
 from laya_grpc.core.routing import RouteTable, Routing, route
 from laya_grpc.core.temperatures import Temperatures
@@ -45,22 +46,21 @@ class Decider:
         self.services = services
         self.route_table = route_table
         self.settings = settings
-        self._temperatures: dict[tuple, Temperatures] = {}
         self.inflight = 0   # answers waiting on the services (a draining gateway waits for them)
 
     # -- public -------------------------------------------------------------------------------
-    async def decide(self, req: DecideRequest) -> dict[str, Any]:
-        """One state: upstream's `/v1/systemone` response dict."""
+    async def decide(self, req: DecideRequest) -> Decision:
+        """One state: the answer of upstream's `/v1/systemone`."""
         decision = self._route(req.state, req.raw_questions, req.controls)
         timing.mark("route")
         [result] = await self.answer(decision.model, [req.state], req.questions, req.controls.max_len,
-                                     req.controls.head_max_len)
-        result = self._finish(result, decision, req.controls.min_confidence)
+                                     req.controls.head_max_len, req.controls.min_confidence)
+        result = Decision(result.answers, result.usage, decision, self.settings.jev_strict)
         timing.mark("decode")
         return result
 
-    async def decide_batch(self, req: BatchRequest) -> dict[str, Any]:
-        """Many states, one question set: upstream's `/v1/systemone/batch` response dict.
+    async def decide_batch(self, req: BatchRequest) -> BatchDecision:
+        """Many states, one question set: the answer of upstream's `/v1/systemone/batch`.
 
         Every state is routed before anything runs (an unknown task fails the whole batch); states
         routed to the same checkpoint share one tokenize and one infer call, in first-seen order.
@@ -71,15 +71,13 @@ class Decider:
         groups: dict[str, list[int]] = {}
         for i, decision in enumerate(decisions):
             groups.setdefault(decision.model, []).append(i)
-        results: list[Optional[dict]] = [None] * len(req.states)
+        results: list[Optional[Decision]] = [None] * len(req.states)
         for name, indices in groups.items():
             answered = await self.answer(name, [req.states[i] for i in indices], req.questions,
-                                         req.controls.max_len, req.controls.head_max_len)
+                                         req.controls.max_len, req.controls.head_max_len, req.controls.min_confidence)
             for i, result in zip(indices, answered):
-                results[i] = self._finish(result, decisions[i], req.controls.min_confidence)
-        return {"results": results,
-                "total_usage": {"input_tokens": sum(r["usage"].get("input_tokens", 0) for r in results),
-                                "output_tokens": sum(r["usage"].get("output_tokens", 0) for r in results)}}
+                results[i] = Decision(result.answers, result.usage, decisions[i], self.settings.jev_strict)
+        return BatchDecision(tuple(results))
 
     # -- steps --------------------------------------------------------------------------------
     def _route(self, state: Any, raw_questions: dict, controls: Controls) -> Routing:
@@ -88,36 +86,36 @@ class Decider:
                      auto_task=self.settings.auto_task)
 
     async def answer(self, checkpoint: str, states: Sequence[Any], questions: list[Question],
-                     max_len: Optional[int] = None, head_max_len: Optional[int] = None) -> list[dict[str, Any]]:
-        """`Agent.predict_batch` for states routed to one checkpoint, before the min_confidence gate:
-        `{"model", "answers", "usage"}` per state. The one answer loop: the services' routes and
-        the in-process `Predictor` (laya_grpc/cli/predictor.py) both end here.
+                     max_len: Optional[int] = None, head_max_len: Optional[int] = None,
+                     min_confidence: Optional[Threshold] = None) -> list[Decision]:
+        """`Agent.predict_batch` for states routed to one checkpoint: a Decision per state (answers,
+        gated when `min_confidence` is given, and usage; no routing). The one answer loop: the
+        services' routes and the in-process `Predictor` (laya_grpc/cli/predictor.py) both end here.
 
         More than PIPELINE_ROWS rows go in chunks of states, pipelined: the next chunk is tokenized,
         and the one before decoded, while the network runs the current one (`_pipelined`)."""
         if not questions:
             # Upstream answers without tokenizing or running the network.
-            return [empty_result()
-                    for _ in states]
+            return [EMPTY] * len(states)
         per = max(1, PIPELINE_ROWS // len(questions))
         self.inflight += 1
         try:
             request_id.note_checkpoint(checkpoint)
-            temperatures = await self._temperatures_of(checkpoint)
+            decoding = (await self.services.temperatures(checkpoint), min_confidence)
             timing.mark("route")
             if len(states) > per:
                 return await self._pipelined(checkpoint, [states[i: i + per] for i in range(0, len(states), per)],
-                                             questions, max_len, head_max_len, temperatures)
+                                             questions, max_len, head_max_len, decoding)
             encoded = await self._tokenize(checkpoint, states, questions, max_len, head_max_len)
             timing.mark("tokenizer_hop")
             out = await self._infer(checkpoint, encoded)
             timing.mark("inference_hop")
         finally:
             self.inflight -= 1
-        return _decode(questions, encoded, out, temperatures)
+        return _decode(questions, encoded, out, *decoding)
 
     async def _pipelined(self, checkpoint: str, chunks: list, questions: list[Question], max_len: Optional[int],
-                         head_max_len: Optional[int], temperatures: Temperatures) -> list[dict[str, Any]]:
+                         head_max_len: Optional[int], decoding: tuple) -> list[Decision]:
         """Chunks of states through tokenize -> infer -> decode, the stages of neighbouring chunks at
         once: while the network runs chunk k, chunk k+1 is tokenized and chunk k-1 decoded.
 
@@ -125,7 +123,7 @@ class Decider:
         (docs/performance.md gives their share of a 256-state `predict_batch`). One infer call is
         in flight at a time, so a large request still takes the device in turns with others
         (coalesce.py); results keep input order."""
-        results: list[dict[str, Any]] = []
+        results: list[Decision] = []
         tok = asyncio.ensure_future(self._tokenize(checkpoint, chunks[0], questions, max_len, head_max_len))
         inf = None
         done = None   # (encoded, InferResult) of the chunk before
@@ -138,13 +136,13 @@ class Decider:
                     tok = asyncio.ensure_future(self._tokenize(checkpoint, chunks[k + 1], questions, max_len,
                                                                head_max_len))
                 if done is not None:
-                    results += _decode(questions, *done, temperatures)
+                    results += _decode(questions, *done, *decoding)
                 done = (encoded, await inf)
         finally:
             for task in (tok, inf):
                 _discard(task)
         timing.mark("inference_hop")
-        return results + _decode(questions, *done, temperatures)
+        return results + _decode(questions, *done, *decoding)
 
     async def _tokenize(self, checkpoint: str, states: Sequence[Any], questions: list[Question],
                         max_len: Optional[int], head_max_len: Optional[int]) -> list:
@@ -155,32 +153,17 @@ class Decider:
         with tracing.span("infer", checkpoint=checkpoint):
             return await self.services.infer(checkpoint, [enc.rows for enc in encoded])
 
-    async def _temperatures_of(self, checkpoint: str) -> Temperatures:
-        info = await self.services.checkpoint(checkpoint)
-        key = (info.name, info.revision, info.sha256)
-        temps = self._temperatures.get(key)
-        if temps is None:
-            temps = self._temperatures[key] = Temperatures.from_config(info.config)
-        return temps
 
-    def _finish(self, result: dict, decision: Routing, min_confidence: Optional[Threshold]) -> dict:
-        result["routing"] = decision.block()
-        apply_gate(result["answers"], min_confidence)
-        if self.settings.jev_strict:
-            return project_jev_strict(result)
-        return add_serve_fields(result)
-
-
-def _decode(questions: list[Question], encoded: list, out, temperatures: Temperatures) -> list[dict[str, Any]]:
+def _decode(questions: list[Question], encoded: list, out, temperatures: Temperatures,
+            min_confidence: Optional[Threshold]) -> list[Decision]:
     """The answers of tokenized states from their rows' network outputs (rows in state, then question order)."""
     results, r = [], 0
     with tracing.span("decode"):
         for enc in encoded:
-            answers = {}
-            for q in questions:
-                answers[q.qid] = decode_answer(q, out.logits[r], out.act_logits[r], temperatures)
-                r += 1
-            results.append({"model": MODEL_TAG, "answers": answers, "usage": enc.usage})
+            answers = tuple(decode_answer(q, out.logits[r + i], out.act_logits[r + i], temperatures, min_confidence)
+                            for i, q in enumerate(questions))
+            r += len(questions)
+            results.append(Decision(answers, enc.usage))
     return results
 
 

@@ -13,7 +13,8 @@ from typing import Any, Optional, Sequence
 from laya_grpc.core.checkpoint import Checkpoint
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.packed_rows import PackedRows
-from .services import CheckpointInfo, Encoded, InferResult
+from laya_grpc.core.temperatures import Temperatures
+from .services import Encoded, InferResult
 
 # A forward of more tokens than this is started without waiting for it (`start_rows`: queued on the
 # GPU, or on the runner's thread), so that this loop meanwhile tokenizes and decodes the neighbouring
@@ -26,11 +27,11 @@ class InProcessServices:
     """One or more checkpoints, each a TextEncoder and a loaded runner, by name."""
 
     def __init__(self):
-        self._models: dict[str, tuple[Checkpoint, Any, Any]] = {}
+        self._models: dict[str, tuple[Temperatures, Any, Any]] = {}
 
     def add(self, name: str, checkpoint: Checkpoint, encoder: Any, runner: Any) -> None:
         """`encoder`: the tokenizer's `TextEncoder` for the checkpoint; `runner`: its loaded network."""
-        self._models[name] = (checkpoint, encoder, runner)
+        self._models[name] = (Temperatures.from_config(checkpoint.config), encoder, runner)
 
     def _get(self, name: str):
         try:
@@ -62,9 +63,8 @@ class InProcessServices:
         return InferResult(logits=[logits[i, :counts[i]] for i in range(packed.n)],
                            act_logits=[act[i] for i in range(packed.n)])
 
-    async def checkpoint(self, name: str) -> CheckpointInfo:
-        ckpt, _, _ = self._get(name)
-        return CheckpointInfo(name=name, config=ckpt.config)
+    async def temperatures(self, name: str) -> Temperatures:
+        return self._get(name)[0]
 
     def health(self) -> dict:
         return {"ready": True, "loaded": list(self._models)}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 from typing import Any, Optional, Sequence
 
 import grpc
@@ -23,7 +22,9 @@ from laya_grpc.core import calls, ipc, request_id, rpc, timing, tracing
 from laya_grpc.core.errors import LayaError
 from laya_grpc.core.lifecycle import ChangeFeed
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.question_wire import StateText, question_to_text, state_of, usage_from_proto
+from laya_grpc.core.answers import Usage
+from laya_grpc.core.question_wire import StateText, question_to_text, state_of
+from laya_grpc.core.temperatures import Temperatures
 from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from laya_proto.v1 import status_pb2
 
@@ -32,7 +33,7 @@ from .backends import BackendWatch
 from .coalesce import InferCoalescer
 from .endpoints import BackendTarget, parse_target
 from .health import health_payload
-from .services import CheckpointInfo, Encoded, InferResult
+from .services import Encoded, InferResult
 
 S = status_pb2
 # The task of the request whose context this is. An Infer call carries that request's deadline only
@@ -155,7 +156,7 @@ class RemoteServices(BackendWatch):
                                          "inference service"), self.inferences, "inference service")
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._coalescer = InferCoalescer(self._infer_call)
-        self._infos: dict = {}   # name -> (config_json, CheckpointInfo)
+        self._temperatures: dict = {}   # (name, revision, sha256) -> Temperatures
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -200,7 +201,7 @@ class RemoteServices(BackendWatch):
         rows = PackedRows.from_proto(resp.rows)
         per = resp.rows_per_state
         order = [q.qid for q in questions]
-        return [Encoded(rows.take(range(k * per, (k + 1) * per)), usage_from_proto(u, order))
+        return [Encoded(rows.take(range(k * per, (k + 1) * per)), Usage.from_proto(u, order))
                 for k, u in enumerate(resp.usage)]
 
     async def infer(self, checkpoint: str, rows) -> InferResult:
@@ -230,9 +231,9 @@ class RemoteServices(BackendWatch):
         own = _OWN_TASK.get() is asyncio.current_task()
         return await self._inf_call.call(req, deadline.timeout(self.infer_timeout_s) if own else self.infer_timeout_s)
 
-    async def checkpoint(self, name: str) -> CheckpointInfo:
+    async def temperatures(self, name: str) -> Temperatures:
         st = self._checkpoint_status(name)
-        if st is None or st.state != S.STATE_READY or not st.config_json:
+        if st is None or st.state != S.STATE_READY or not st.HasField("temperatures"):
             try:
                 # the replica whose status stands for all (they serve one checkpoint set)
                 stub = inference_pb2_grpc.InferenceServiceStub(self.inference.channel)
@@ -240,11 +241,11 @@ class RemoteServices(BackendWatch):
                                                timeout=deadline.timeout(self.infer_timeout_s))
             except grpc.aio.AioRpcError as e:
                 raise rpc.error_from_rpc(e, "inference service") from None
-        cached = self._infos.get(st.name)
-        if cached is None or cached[0] != st.config_json:   # parse a checkpoint's config once, not per request
-            cached = self._infos[st.name] = (st.config_json, CheckpointInfo(
-                name=st.name, config=json.loads(st.config_json), revision=st.revision, sha256=st.sha256))
-        return cached[1]
+        key = (st.name, st.revision, st.sha256)
+        temps = self._temperatures.get(key)
+        if temps is None:   # read once per checkpoint version, not per request
+            temps = self._temperatures[key] = Temperatures.from_proto(st.temperatures)
+        return temps
 
     def health(self) -> dict:
         return health_payload(self)

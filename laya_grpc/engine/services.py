@@ -13,14 +13,16 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from laya_grpc.core.answers import Usage
 from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.core.temperatures import Temperatures
 
 
 @dataclass
 class Encoded:
     """One state as tokenized: its rows in question order and upstream's usage block."""
     rows: PackedRows
-    usage: dict
+    usage: Usage
 
 
 @dataclass
@@ -28,15 +30,6 @@ class InferResult:
     """Raw network outputs for a list of rows, in row order."""
     logits: list[np.ndarray]        # per row: float32 [k] option logits in slot order
     act_logits: list[np.ndarray]    # per row: float32 [n_act]
-
-
-@dataclass
-class CheckpointInfo:
-    """What the gateway must know about a served checkpoint (read from the inference service)."""
-    name: str
-    config: dict                    # rl_agent_config.json, for temperatures
-    revision: str = ""
-    sha256: str = ""
 
 
 class Services(Protocol):
@@ -48,8 +41,8 @@ class Services(Protocol):
         """Forward the rows of every state (`[encoded.rows for encoded in tokenize(...)]`), in order;
         the inference service may batch them with other requests' rows."""
 
-    async def checkpoint(self, name: str) -> CheckpointInfo:
-        """Config of a served checkpoint; loads it on the inference side if needed."""
+    async def temperatures(self, name: str) -> Temperatures:
+        """The temperatures a served checkpoint's answers are decoded with; loads it if needed."""
 
     def health(self) -> dict:
         """Live facts for /health and the status stream (ready, device, dtype, revisions, ...)."""

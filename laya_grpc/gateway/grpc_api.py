@@ -3,7 +3,7 @@ StatusService (GetStatus, Watch).
 
 Servicers stay tiny: a typed request becomes the decoded body the HTTP route would get
 (`typed_request`, no JSON text in between), goes through the same checks and decider (so every
-rule and error text is shared), and the result dict is packed into typed messages
+rule and error text is shared), and the engine's typed answer is packed into the messages
 (`typed_answer`). The exact HTTP body is rendered only for a request that asks (`include_json`).
 Auth, admission and readiness are the gateway's `Policy` (policy.py), the one the HTTP front
 calls: each decision (a Decide, a DecideBatch, each call on a DecideStream) takes an admission
@@ -27,7 +27,7 @@ from .contract import parse_batch, parse_decide
 from .policy import Policy, bearer_of
 from .readiness import Readiness
 from .render import render_json
-from .typed_answer import pack_result
+from .typed_answer import pack_batch, pack_decision
 from .typed_request import batch_body, decide_body
 
 S = status_pb2
@@ -97,11 +97,11 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         req = parse_decide(body.value, self.decider.route_table, self.max_token_budget, body.may_hold_surrogate)
         await ticket.charge(rows_of(1, len(req.questions)))
         t0 = time.perf_counter()
-        result = await self.decider.decide(req)
+        decision = await self.decider.decide(req)
         resp = decision_pb2.DecideResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
         if request.include_json:
-            resp.json = render_json(result).decode("utf-8")   # first: a NaN is its 422 here too
-        pack_result(result, resp)
+            resp.json = render_json(decision.body()).decode("utf-8")   # first: a NaN is its 422 here too
+        pack_decision(decision, resp)
         _say_unknown_model(req.controls, context)
         return resp
 
@@ -121,14 +121,11 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         req = parse_batch(body.value, self.decider.route_table, self.max_token_budget, body.may_hold_surrogate)
         await ticket.charge(rows_of(len(req.states), len(req.questions)))
         t0 = time.perf_counter()
-        result = await self.decider.decide_batch(req)
+        decisions = await self.decider.decide_batch(req)
         resp = decision_pb2.DecideBatchResponse(inference_ms=(time.perf_counter() - t0) * 1e3)
         if request.include_json:
-            resp.json = render_json(result).decode("utf-8")
-        for r in result["results"]:
-            pack_result(r, resp.results.add())
-        resp.total_usage.input_tokens = result["total_usage"]["input_tokens"]
-        resp.total_usage.output_tokens = result["total_usage"]["output_tokens"]
+            resp.json = render_json(decisions.body()).decode("utf-8")
+        pack_batch(decisions, resp)
         _say_unknown_model(req.controls, context)
         return resp
 

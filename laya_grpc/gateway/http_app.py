@@ -187,7 +187,7 @@ def build_app(decider: Decider, settings: GatewaySettings, policy: Policy, reque
                         _log.exception("inference failed")
                         raise LayaError(Kind.INTERNAL, INTERNAL_DETAIL) from error
                 ms = "%.2f" % ((time.perf_counter() - t0) * 1000.0)
-                resp = json_response(result, headers={"Server-Timing": "inference;dur=" + ms,
+                resp = json_response(result.body(), headers={"Server-Timing": "inference;dur=" + ms,
                                                       "X-Inference-Time-Ms": ms})
                 if req.controls.unknown_model is not None:   # auto-routed as upstream does; said here
                     resp.headers[UNKNOWN_MODEL_HEADER] = logs.header_value(req.controls.unknown_model)

@@ -1,19 +1,20 @@
-"""Decider result dicts -> typed DecideResponse messages, without rendering JSON.
+"""The engine's typed answers (`laya_grpc.core.answers`) -> DecideResponse messages, without JSON.
 
-The result dict is what `/v1/systemone` renders; each of its fields lands in its typed field,
-and a field the HTTP answer leaves out stays unset (LAYA_JEV_STRICT answers, an empty question
-set, a route without detection). A non-finite number, which makes the HTTP route answer 422 when
-it renders, fails here the same way. `laya_grpc.client.answers` is the inverse (typed -> the
-HTTP dict), and the contract tests check the round trip equals the HTTP body.
+Each value the HTTP answer renders lands in its typed field, and a field the HTTP answer leaves out
+stays unset (LAYA_JEV_STRICT answers, an empty question set, a route without detection). A
+non-finite number, which makes the HTTP route answer 422 when it renders, fails here the same way.
+`laya_grpc.client.answers` reads the messages back into the same types, and the contract tests
+check that what it renders equals the HTTP body.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from laya_grpc.core.answers import MODEL_TAG, BatchDecision, ChoiceAnswer, Decision, NoulAnswer, ScoreAnswer
 from laya_grpc.core.confidence_gate import ABSTAINED, PASSED, UNEVALUATED
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.json_labels import set_label
-from laya_grpc.core.question_wire import usage_to_proto
+from laya_grpc.core.routing import Routing
 from laya_proto.v1 import decision_pb2
 
 from .render import NAN_DETAIL
@@ -36,68 +37,60 @@ def _label(msg, value: Any) -> None:
     set_label(msg, value, "questions")
 
 
-def _answer(qid: str, a: dict, m) -> None:
-    m.id = qid
-    t = a["type"]
-    m.type = QUESTION_TYPES[t]
-    if t == "choice":
+def _answer(a, strict: bool, m) -> None:
+    """One answer; `strict` packs only what the Jev projection renders."""
+    m.id, m.type = a.qid, QUESTION_TYPES[a.TYPE]
+    if isinstance(a, ChoiceAnswer):
         c = m.choice
-        _label(c.choice, a["choice"])
-        for label, p in a["probabilities"].items():
-            lp = c.probabilities.add(probability=_finite(p))
-            _label(lp.label, label)
-        if "x_jev_confidence" in a:
-            c.x_jev_confidence = a["x_jev_confidence"]
-    elif t == "score":
+        _label(c.choice, a.choice)
+        for label, p in a.probabilities:
+            _label(c.probabilities.add(probability=_finite(p)).label, label)
+    elif isinstance(a, ScoreAnswer):
         s = m.score
-        s.score = _finite(a["score"])
-        s.legend.extend(a["legend"].values())
-        s.probabilities.extend(_finite(p) for p in a["probabilities"].values())
-        if "x_jev_confidence" in a:
-            s.x_jev_confidence = a["x_jev_confidence"]
+        s.score = _finite(a.score)
+        s.legend.extend(a.legend)
+        s.probabilities.extend(_finite(p) for p in a.probabilities)
     else:
-        m.noul.noul = _finite(a["noul"])
-    if "confidence" in a:
-        m.confidence = _finite(a["confidence"])
-    if "answer_confidence" in a:
-        m.answer_confidence = _finite(a["answer_confidence"])
-    if "action" in a:
-        m.action.act_probability = _finite(a["action"]["act_probability"])
-    if "low_confidence" in a:
-        m.low_confidence = a["low_confidence"]
-    if "abstention" in a:
-        m.abstention = ABSTENTIONS[a["abstention"]]
-        m.abstention_threshold = a["abstention_threshold"]
+        m.noul.noul = _finite(a.noul)
+    if strict:   # the Jev projection: a choice's or a score's confidence, nothing more
+        if not isinstance(a, NoulAnswer):
+            m.confidence = _finite(a.confidence)
+        return
+    if a.jev is not None:   # choice and score only
+        getattr(m, a.TYPE).x_jev_confidence = a.jev
+    m.confidence = _finite(a.confidence)
+    m.answer_confidence = _finite(a.answer_confidence)
+    m.action.act_probability = _finite(a.act_probability)
+    if a.gate is not None:
+        if a.gate.abstention == ABSTAINED:
+            m.low_confidence = True
+        m.abstention, m.abstention_threshold = ABSTENTIONS[a.gate.abstention], a.gate.threshold
 
 
-def _detection(d: dict, m) -> None:
-    m.script = d["script"]
-    for k, v in d["script_profile"].items():
-        m.script_profile[k] = v
-    if d.get("language") is not None:
-        m.language = d["language"]
-    m.is_english, m.language_undecided = d["is_english"], d["language_undecided"]
-    m.diacritic_rate, m.non_latin_fraction = d["diacritic_rate"], d["non_latin_fraction"]
-    if d.get("mixed_segment") is not None:
-        m.mixed_segment = d["mixed_segment"]
+def _routing(r: Routing, m) -> None:
+    m.model, m.reason = r.model, r.reason
+    if r.repo is not None:
+        m.repo = r.repo
+    if r.detection is not None:   # langdetect's dict: its keys are the Detection fields (None: unset)
+        m.detection.script_profile.update(r.detection["script_profile"])
+        for key, value in r.detection.items():
+            if value is not None and key != "script_profile":
+                setattr(m.detection, key, value)
+    if r.workflow is not None:
+        m.workflow = r.workflow
 
 
-def _routing(r: dict, m) -> None:
-    m.model, m.reason = r["model"], r["reason"]
-    if r.get("repo") is not None:
-        m.repo = r["repo"]
-    if r.get("detection") is not None:
-        _detection(r["detection"], m.detection)
-    if r.get("workflow") is not None:
-        m.workflow = r["workflow"]
+def pack_decision(d: Decision, msg: decision_pb2.DecideResponse) -> None:
+    """One decision into `msg` (answers in question order)."""
+    msg.model = MODEL_TAG
+    for a in d.answers:
+        _answer(a, d.strict, msg.answers.add())
+    d.usage.to_proto(msg.usage, d.strict)
+    if d.routing is not None and not d.strict:
+        _routing(d.routing, msg.routing)
 
 
-def pack_result(result: dict, msg: decision_pb2.DecideResponse) -> None:
-    """One /v1/systemone result dict into `msg` (answers in question order)."""
-    msg.model = result["model"]
-    answers = msg.answers
-    for qid, a in result["answers"].items():
-        _answer(qid, a, answers.add())
-    usage_to_proto(result.get("usage") or {}, msg.usage)
-    if result.get("routing") is not None:
-        _routing(result["routing"], msg.routing)
+def pack_batch(b: BatchDecision, msg: decision_pb2.DecideBatchResponse) -> None:
+    for r in b.results:
+        pack_decision(r, msg.results.add())
+    msg.total_usage.input_tokens, msg.total_usage.output_tokens = b.total_usage

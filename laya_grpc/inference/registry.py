@@ -43,6 +43,7 @@ class Slot:
     fingerprint: str = ""
     sha256: str = ""
     config_json: str = ""
+    temperatures: Optional[Temperatures] = None   # clamped at load; the engine decodes with them
     pad_id: int = 0
     load_ms: float = 0.0
     warmup_ms: float = 0.0
@@ -144,8 +145,8 @@ class Registry:
             except BaseException:
                 await self.run_on_device(runner.close)   # unreadable file: do not keep a half-registered runner
                 raise
+            s.temperatures = Temperatures.from_config(ckpt.config)   # a bad config fails the load, not a request
             s.ckpt, s.runner = ckpt, runner
-            Temperatures.from_config(ckpt.config)   # a bad config fails the load, not each request (the gateway decodes)
             s.sha256, s.fingerprint, s.config_json = sha, fingerprint, json.dumps(ckpt.config)
             s.pad_id = int(ckpt.special.pad_id)
             s.load_ms = (time.perf_counter() - t0) * 1e3
@@ -204,6 +205,7 @@ class Registry:
         if s.ckpt is not None:
             st.revision = s.ckpt.revision or "local"
             st.sha256, st.config_json = s.sha256, s.config_json
+            s.temperatures.to_proto(st.temperatures)
             st.max_len, st.head_max_len = int(s.ckpt.max_len), int(s.ckpt.head_max_len)
         runner = s.runner
         if runner is not None:   # live facts, read from the weights now

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.answers import OptionUsage, Usage
 from laya_grpc.core.question_wire import StateText, state_of
 from laya_grpc.core.questions import Question
 
@@ -49,7 +50,7 @@ class Row:
 @dataclass
 class EncodedState:
     rows: list[Row]          # one per question, question order
-    usage: dict              # upstream's usage block for this state
+    usage: Usage             # upstream's usage block for this state
 
 
 @dataclass
@@ -200,7 +201,7 @@ class TextEncoder:
         results: list = []
         for job, first in zip(jobs, plans):
             if not job.questions:
-                results.append([EncodedState(rows=[], usage={"input_tokens": 0, "output_tokens": 0})
+                results.append([EncodedState(rows=[], usage=Usage())
                                 for _ in job.states])
                 continue
             ml = self.max_len if job.max_len is None else job.max_len
@@ -219,7 +220,7 @@ class TextEncoder:
         truncate_left = state.keep_end
         rows: list[Row] = []
         dropped_by_q: list[int] = []
-        collapsed: dict[str, dict] = {}
+        collapsed: list[OptionUsage] = []
         n_state = len(state_ids)
         for q in questions:
             head = heads[self._head_key(q, head_max_len)]
@@ -241,17 +242,10 @@ class TextEncoder:
             rows.append(row)
             dropped_by_q.append(n_state - len(st))
             if head.distinct < head.n_options:
-                collapsed[q.qid] = {"total": head.n_options, "distinct": head.distinct,
-                                    "tokens_per_option": head.tokens_per_option}
+                collapsed.append(OptionUsage(q.qid, head.n_options, head.distinct, head.tokens_per_option))
         dropped = max(dropped_by_q)
-        usage = {
-            "input_tokens": sum(len(r.ids) for r in rows),
-            "output_tokens": 0,
-            "state_tokens": n_state,
-            "state_tokens_dropped": dropped,
-            "truncated": dropped > 0,
-            "truncated_questions": [q.qid for q, d in zip(questions, dropped_by_q) if d > 0],
-        }
-        if collapsed:
-            usage["options"] = collapsed
+        usage = Usage(input_tokens=sum(len(r.ids) for r in rows), output_tokens=0, state_tokens=n_state,
+                      state_tokens_dropped=dropped, truncated=dropped > 0,
+                      truncated_questions=tuple(q.qid for q, d in zip(questions, dropped_by_q) if d > 0),
+                      options=tuple(collapsed))
         return EncodedState(rows=rows, usage=usage)

@@ -19,7 +19,7 @@ from laya_grpc.core.calls import serve_calls
 from laya_grpc.core.errors import Kind, LayaError
 from laya_grpc.core.lifecycle import install_stop_signals, setup_observability
 from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.question_wire import StateText, question_from_text, usage_to_proto
+from laya_grpc.core.question_wire import StateText, question_from_text
 from laya_grpc.core.sources import open_source
 from laya_proto.internal.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from laya_proto.v1 import tokens_pb2
@@ -117,7 +117,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
         rows = PackedRows.from_rows([r for e in encoded for r in e.rows], tok.encoder.fingerprint)
         resp = tokenizer_pb2.TokenizeResponse(rows_per_state=len(questions), tokenize_ms=(time.perf_counter() - t0) * 1e3)
         for e in encoded:
-            usage_to_proto(e.usage, resp.usage.add())
+            e.usage.to_proto(resp.usage.add())
         rows.to_proto(resp.rows)
         return resp
 

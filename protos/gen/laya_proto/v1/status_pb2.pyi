@@ -31,7 +31,7 @@ STATE_DOWN: State
 STATE_CONFIGURED: State
 
 class CheckpointStatus(_message.Message):
-    __slots__ = ("name", "state", "detail", "source", "revision", "sha256", "backend", "device", "dtype", "load_ms", "warmup_ms", "config_json", "max_len", "head_max_len", "tokenizer_fingerprint", "device_fallback", "device_requested", "last_used_unix", "max_row_tokens", "kernels", "row_layout")
+    __slots__ = ("name", "state", "detail", "source", "revision", "sha256", "backend", "device", "dtype", "load_ms", "warmup_ms", "config_json", "max_len", "head_max_len", "tokenizer_fingerprint", "device_fallback", "device_requested", "last_used_unix", "max_row_tokens", "kernels", "row_layout", "temperatures")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class CheckpointStatus(_message.Message):
     MAX_ROW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
     ROW_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURES_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: State
     detail: str
@@ -74,7 +75,27 @@ class CheckpointStatus(_message.Message):
     max_row_tokens: int
     kernels: str
     row_layout: str
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[State, str]] = ..., detail: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., sha256: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., load_ms: _Optional[float] = ..., warmup_ms: _Optional[float] = ..., config_json: _Optional[str] = ..., max_len: _Optional[int] = ..., head_max_len: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., device_fallback: _Optional[bool] = ..., device_requested: _Optional[str] = ..., last_used_unix: _Optional[float] = ..., max_row_tokens: _Optional[int] = ..., kernels: _Optional[str] = ..., row_layout: _Optional[str] = ...) -> None: ...
+    temperatures: Temperatures
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[State, str]] = ..., detail: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[str] = ..., sha256: _Optional[str] = ..., backend: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., load_ms: _Optional[float] = ..., warmup_ms: _Optional[float] = ..., config_json: _Optional[str] = ..., max_len: _Optional[int] = ..., head_max_len: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., device_fallback: _Optional[bool] = ..., device_requested: _Optional[str] = ..., last_used_unix: _Optional[float] = ..., max_row_tokens: _Optional[int] = ..., kernels: _Optional[str] = ..., row_layout: _Optional[str] = ..., temperatures: _Optional[_Union[Temperatures, _Mapping]] = ...) -> None: ...
+
+class Temperatures(_message.Message):
+    __slots__ = ("choice", "score", "noul", "by_options")
+    class ByOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    NOUL_FIELD_NUMBER: _ClassVar[int]
+    BY_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    choice: float
+    score: float
+    noul: float
+    by_options: _containers.ScalarMap[str, float]
+    def __init__(self, choice: _Optional[float] = ..., score: _Optional[float] = ..., noul: _Optional[float] = ..., by_options: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ServiceStatus(_message.Message):
     __slots__ = ("service", "state", "detail", "instance_id", "sequence", "time_unix", "started_unix", "queue_depth", "inflight", "checkpoints", "address", "restarts", "version")
