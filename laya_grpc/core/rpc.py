@@ -165,6 +165,16 @@ def status_of(err: LayaError) -> status_pb2.Status:
     return st
 
 
+def retry_delay_of(st: status_pb2.Status) -> Optional[float]:
+    """The RetryInfo delay of a status, in seconds (None when it has none)."""
+    for d in st.details:
+        if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            d.Unpack(info)
+            return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    return None
+
+
 async def abort(context: grpc.aio.ServicerContext, err: LayaError):
     """Fail the call with `status_of(err)`; the kind also travels as trailing metadata, so a hop
     between our own services keeps it without parsing the details, and BUSY adds `retry-after`

@@ -163,7 +163,8 @@ def build_app(decider: Decider, settings: GatewaySettings, policy: Policy, reque
             # the deadline covers the wait in the admission queue too; the task until_disconnect
             # starts copies the context, so it goes with the work
             with deadline.within(request_timeout_s or None):
-                async with admission.enter("http:" + (peer.host if peer else "")) as ticket:
+                async with admission.enter("http:" + (peer.host if peer else ""),
+                                           "http:%s:%s" % (peer.host, peer.port) if peer else "") as ticket:
                     try:
                         raw = await read_body(request.stream(), request.headers.get("content-length"),
                                               settings.body_read_timeout)
