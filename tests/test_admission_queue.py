@@ -334,7 +334,8 @@ def test_past_the_queue_grpc_says_unavailable_with_retry_info_and_the_client_ret
                     decision_pb2_grpc.DecisionServiceStub(ch).Decide(decision_pb2.DecideRequest(
                         request_json=json.dumps(_body(0))), timeout=10)
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert dict(e.value.trailing_metadata()).get("retry-after") == "1"
+            trailers = dict(e.value.trailing_metadata())
+            assert trailers.get("retry-after") == "1" and trailers.get("grpc-retry-pushback-ms") == "1000"
             assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in rpc_status.from_call(e.value).details)
             r = httpx.post(s.http + "/v1/systemone", json=_body(0), timeout=10)
             assert r.status_code == 503 and r.headers["retry-after"] == "1"

@@ -158,3 +158,51 @@ def test_a_stream_runs_at_most_its_bound_of_calls_and_reads_on_as_they_end():
         await asyncio.wait_for(served, 10)
         assert sorted(written) == list(range(1, 301)) and peak[0] <= 128
     asyncio.run(main())
+
+
+_KILLED_MID_STREAM = r"""
+import json, os, sys, time
+import grpc
+from laya_proto.v1 import decision_pb2, decision_pb2_grpc
+body = json.dumps({"state": "Order 1 arrived broken.", "questions": {"angry": {"type": "noul", "instructions": "Angry?"}}})
+def calls():
+    for i in range(200):
+        yield decision_pb2.DecideCall(id=i + 1, request=decision_pb2.DecideRequest(request_json=body))
+    time.sleep(60)
+stub = decision_pb2_grpc.DecisionServiceStub(grpc.insecure_channel(sys.argv[1]))
+for n, _ in enumerate(stub.DecideStream(calls())):
+    if n == 5:
+        os.kill(os.getpid(), 9)
+"""
+
+
+def test_a_stream_whose_client_leaves_mid_call_logs_no_traceback(tiny_ckpt):
+    """Streams left with calls running and queued (one slot): a client killed (-9), one that cancels
+    its stream, one whose channel closes. Each call ends as cancelled; the log has no traceback
+    (gRPC's ExecuteBatchError for a status sent on an ended call, an unretrieved task) and the
+    gateway serves on."""
+    import subprocess
+    import sys
+
+    env = {"LAYA_MAX_CONCURRENT": "1", "LAYA_MAX_QUEUE": "256"}
+    with Stack({"english": tiny_ckpt}, env=env) as s:
+        for _ in range(3):
+            subprocess.run([sys.executable, "-c", _KILLED_MID_STREAM, s.grpc], timeout=120)
+
+        async def leave(close_channel: bool) -> None:
+            async with grpc.aio.insecure_channel(s.grpc) as ch:
+                call = decision_pb2_grpc.DecisionServiceStub(ch).DecideStream()
+                for i in range(100):
+                    await call.write(decision_pb2.DecideCall(id=i + 1, request=decision_pb2.DecideRequest(
+                        request_json=json.dumps(_body(i)))))
+                for _ in range(3):
+                    await call.read()
+                if not close_channel:
+                    call.cancel()
+        for close_channel in (False, True, False, True):
+            asyncio.run(leave(close_channel))
+        time.sleep(1.0)
+        assert httpx.post(s.http + "/v1/systemone", json=_body(0), timeout=30).status_code == 200
+        log = s.full_log()
+    for bad in ("Traceback", "ExecuteBatchError", "never retrieved", "grpc decide 500"):
+        assert bad not in log, log[-4000:]

@@ -143,6 +143,7 @@ class StatusServicer(decision_pb2_grpc.StatusServiceServicer):
     def __init__(self, services, readiness: Readiness, feed: ChangeFeed, address: str, heartbeat_s: float = 2.0):
         self.services, self.readiness, self.feed = services, readiness, feed
         self.address, self.heartbeat_s = address, heartbeat_s
+        self._last = None   # (key, event): the last event built for the status streams
 
     def event(self, reason: str) -> decision_pb2.StatusEvent:
         ev = decision_pb2.StatusEvent(sequence=self.feed.sequence, time_unix=time.time(),
@@ -172,4 +173,12 @@ class StatusServicer(decision_pb2_grpc.StatusServiceServicer):
         while True:
             changed = await self.feed.wait(seen, heartbeat)
             seen = self.feed.sequence
-            await context.write(self.event("change" if changed else "heartbeat"))
+            await context.write(self._shared_event("change" if changed else "heartbeat"))
+
+    def _shared_event(self, reason: str) -> decision_pb2.StatusEvent:
+        """The event of this change or tick, built once for all the streams it wakes (they wake
+        one after another from one shared future: feed.wait)."""
+        key = (self.feed.sequence, reason, round(time.monotonic(), 2))
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self.event(reason))
+        return self._last[1]
