@@ -166,7 +166,7 @@ def main() -> None:
         for r in range(a.rounds):
             res = _share(s, "http://%s/metrics" % metrics, a.clients, a.seconds, a.grpc_mode)
             print(json.dumps({"round": r, "clients_per_transport": a.clients, "seconds": a.seconds,
-                              "grpc": a.grpc_mode, "env": env, **res}), flush=True)
+                              "grpc_client": a.grpc_mode, "env": env, **res}), flush=True)
 
 
 if __name__ == "__main__":

@@ -80,11 +80,11 @@ def measure(stack: Stack, n: int, heartbeat: float, seconds: float) -> dict:
     pid = stack.child_pid("gateway")
     lat = []
     with httpx.Client(timeout=30) as c:
-        c.post(stack.http + "/v1/systemone", json={"state": "warm", "questions": {"angry": NOUL}})
+        c.post(stack.http + "/v1/systemone", json={"state": "Order 1 arrived broken and I want my money back.", "questions": {"angry": NOUL}})
         cpu0, t0, events0 = _cpu_s(pid), time.monotonic(), counts.value
         while time.monotonic() - t0 < seconds:
             s = time.perf_counter()
-            r = c.post(stack.http + "/v1/systemone", json={"state": "Order %d broke." % len(lat),
+            r = c.post(stack.http + "/v1/systemone", json={"state": "Order %d arrived broken and I want my money back." % len(lat),
                                                              "questions": {"angry": NOUL}})
             lat.append(time.perf_counter() - s)
             assert r.status_code == 200, r.text

@@ -206,6 +206,27 @@ def test_a_resend_before_the_retry_delay_gets_no_place_and_restarts_the_delay():
     run(main())
 
 
+def test_behind_a_proxy_a_connection_carries_no_retry_delay():
+    """LAYA_PROXIED_CLIENTS: one connection carries many clients, so a refusal must not keep the
+    next request on it (another client's) out of the queue."""
+    async def main():
+        adm = Admission(Limits(max_concurrent=1, max_queue=1, queue_timeout_s=30, connection_delays=False))
+        release, log = asyncio.Event(), []
+        holder = asyncio.ensure_future(_enter(adm, "http:proxy", "http:proxy:1", release, log, "holder"))
+        await asyncio.sleep(0.01)
+        waiter = asyncio.ensure_future(_enter(adm, "http:proxy", "http:proxy:2", release, log, "waiter"))
+        await asyncio.sleep(0.01)
+        assert await _busy(_enter(adm, "http:proxy", "http:proxy:3", release, log, "x"))   # the queue is full
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        again = asyncio.ensure_future(_enter(adm, "http:proxy", "http:proxy:3", release, log, "again"))
+        await asyncio.sleep(0.01)
+        assert adm.waiting == 1 and not again.done()   # queued at once, no delay
+        release.set()
+        await asyncio.gather(holder, again)
+    run(main())
+
+
 def test_a_client_back_after_its_delay_keeps_its_turn():
     async def main():
         clock = _Clock()

@@ -34,7 +34,10 @@ otherwise take the places that the clients waiting out their delay come back to:
   newest place, for a request from a client at least two lighter, instead of refusing it.
 
 Clients behind one address share the delay only per connection, so a refusal never reaches
-another client's requests; `client.py` holds all calls of one channel back for the delay.
+another client's requests; `client.py` holds all calls of one channel back for the delay. Behind
+a proxy that carries many clients on one connection that no longer holds: `LAYA_PROXIED_CLIENTS`
+turns the connection delays off (fairness and the heaviest client's eviction stay).
+
 Because the slot is held while the body arrives, the read has a deadline
 (`LAYA_BODY_READ_TIMEOUT`): a stalled upload gets 408 and frees its slot.
 """
@@ -68,6 +71,7 @@ class Limits:
     queue_timeout_s: float = 10.0     # longest wait before BUSY
     max_rows: int = 4096              # rows (state x question pairs) the larger requests answered hold
     small_rows: int = 64              # at most this many rows: never waits for rows
+    connection_delays: bool = True    # a refusal's retry delay binds its connection (off behind a proxy)
 
 
 def rows_of(states: int, questions: int) -> int:
@@ -240,6 +244,8 @@ class Admission:
         """BUSY for `t`, whose connection's retry delay (re)starts now; `seq`, its turn, is kept for
         when it comes back after the delay."""
         metrics.REJECTED.labels(t.client.partition(":")[0] or "gateway", reason).inc()
+        if not self.limits.connection_delays:
+            return LayaError(Kind.BUSY, BUSY_DETAIL)
         now = self.clock()
         self._refused.pop(t.conn, None)   # re-inserted last: the dict stays in order of refusal
         self._refused[t.conn] = (now + self.retry_delay_s, seq)
