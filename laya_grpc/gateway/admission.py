@@ -13,8 +13,9 @@ buffered at once) and, once parsed, its cost: rows, one per (state, question) pa
   it), so heavy batches that hold the row budget never lock out small requests, nor small ones
   starve a heavy one; a request larger than the whole budget runs alone.
 
-A request that finds no slot or no rows waits, up to `LAYA_QUEUE_TIMEOUT_SECONDS` (default 10 s, and
-never past its own deadline) with at most `LAYA_MAX_QUEUE` others (default 1024). Whenever room
+A request that finds no slot or no rows waits, up to `LAYA_QUEUE_TIMEOUT_SECONDS` (default 10 s; a
+request whose own deadline comes first fails TIMEOUT then) with at most `LAYA_MAX_QUEUE` others
+(default 1024). Whenever room
 frees, the waiter whose client (transport and peer host) holds the fewest slots goes first, the
 oldest among equals: one client's burst cannot starve another, nor one transport the other. Past
 the queue the request is BUSY: HTTP 503 + `Retry-After`, gRPC UNAVAILABLE + RetryInfo
@@ -62,6 +63,7 @@ _timeout = getattr(asyncio, "timeout", None)   # Python 3.11+; 3.10 (still suppo
 
 TOO_LARGE_DETAIL = "request body too large"
 TIMEOUT_DETAIL = "request body was not received in time"
+DEADLINE_DETAIL = "the request's deadline passed while it waited for admission"
 
 
 @dataclass(frozen=True)
@@ -290,7 +292,8 @@ class Admission:
 
     async def _wait(self, t: Ticket, rows: int) -> None:
         """Queue for a slot (rows == 0) or for `rows`; BUSY when the queue is full or the wait
-        runs past the queue time (or the request's deadline)."""
+        runs past the queue time, TIMEOUT (gRPC DEADLINE_EXCEEDED) when it runs past the request's
+        own deadline first."""
         seq = self._turn(t)
         if len(self._waiting) >= self.limits.max_queue and not self._make_room(t.client, seq):
             raise self._refusal(t, seq)
@@ -298,8 +301,9 @@ class Admission:
         self._enqueue(w)
         wait_s = self.limits.queue_timeout_s
         left = deadline.left()
-        if left is not None:
-            wait_s = min(wait_s, left)
+        by_deadline = left is not None and left < wait_s
+        if by_deadline:
+            wait_s = left
         t0 = time.perf_counter()
         try:
             await asyncio.wait_for(asyncio.shield(w.future), wait_s)
@@ -308,6 +312,8 @@ class Admission:
                 if w.future.exception() is None:
                     return
                 raise w.future.exception() from None
+            if by_deadline:   # the request's own time ran out, not the queue's: no refusal, no retry delay
+                raise LayaError(Kind.TIMEOUT, DEADLINE_DETAIL) from None
             raise self._refusal(t, seq) from None
         finally:
             self._dequeue(w)
