@@ -206,6 +206,26 @@ def test_a_resend_before_the_retry_delay_gets_no_place_and_restarts_the_delay():
     run(main())
 
 
+def test_a_wait_cut_by_the_requests_own_deadline_is_a_timeout_and_starts_no_retry_delay():
+    from laya_grpc.engine import deadline
+
+    async def main():
+        adm = Admission(Limits(max_concurrent=1, max_queue=4, queue_timeout_s=30))
+        release, log = asyncio.Event(), []
+        holder = asyncio.ensure_future(_enter(adm, "grpc:a", "grpc:a:1", release, log, "holder"))
+        await asyncio.sleep(0.01)
+        with deadline.within(0.1):
+            with pytest.raises(LayaError) as e:
+                await _enter(adm, "grpc:b", "grpc:b:1", release, log, "late")
+        assert e.value.kind is Kind.TIMEOUT
+        again = asyncio.ensure_future(_enter(adm, "grpc:b", "grpc:b:1", release, log, "again"))
+        await asyncio.sleep(0.01)
+        assert adm.waiting == 1 and not again.done()   # no retry delay: queued at once
+        release.set()
+        await asyncio.gather(holder, again)
+    run(main())
+
+
 def test_behind_a_proxy_a_connection_carries_no_retry_delay():
     """LAYA_PROXIED_CLIENTS: one connection carries many clients, so a refusal must not keep the
     next request on it (another client's) out of the queue."""
