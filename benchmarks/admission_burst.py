@@ -7,8 +7,9 @@ the figures the admission targets are judged by.
   the slowest answer;
 - burst N with retries: the same N clients through `LayaClient` (retries within its timeout)
   and an HTTP loop honouring Retry-After: how many end answered;
-- heavy: H batches of S states x Q questions held in flight over HTTP, then small requests on
-  both transports, one after the other: each one's latency (target: every one within 1 s).
+- heavy: H batches of S states x Q questions held in flight (over HTTP, gRPC `DecideBatch`, or
+  half on each: `--heavy-over`), then small requests on both transports, one after the other:
+  each one's latency (target: every one within 1 s).
 
     python -m benchmarks.admission_burst [--bursts 64,256,1024] [--heavy 16 --states 64 --questions 64]
 
@@ -108,12 +109,27 @@ def burst(stack: Stack, n: int, retry: bool) -> dict:
     return out
 
 
-def heavy(stack: Stack, held: int, states: int, questions: int, smalls: int) -> dict:
+def heavy(stack: Stack, held: int, states: int, questions: int, smalls: int, over: str = "http") -> dict:
     body = {"states": ["state %d of a heavy batch, a customer complaint" % i for i in range(states)],
             "questions": {"q%d" % j: NOUL for j in range(questions)}}
     statuses = []
-    threads = [threading.Thread(target=lambda: statuses.append(
-        httpx.post(stack.http + "/v1/systemone/batch", json=body, timeout=600).status_code)) for _ in range(held)]
+    channel = grpc.insecure_channel(stack.grpc)
+    stub = decision_pb2_grpc.DecisionServiceStub(channel)
+
+    def over_http():
+        statuses.append(httpx.post(stack.http + "/v1/systemone/batch", json=body, timeout=600).status_code)
+
+    def over_grpc():   # a raw call, no retries: its status as the HTTP status it maps to
+        try:
+            stub.DecideBatch(decision_pb2.DecideBatchRequest(request_json=json.dumps(body)), timeout=600)
+            statuses.append(200)
+        except grpc.RpcError as e:
+            statuses.append({grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.DEADLINE_EXCEEDED: 408}.get(
+                e.code(), e.code().name))
+
+    kinds = {"http": [over_http] * held, "grpc": [over_grpc] * held,
+             "both": [over_http, over_grpc] * (held // 2) + [over_http] * (held % 2)}[over]
+    threads = [threading.Thread(target=fn) for fn in kinds]
     for t in threads:
         t.start()
     time.sleep(2.0)
@@ -130,7 +146,8 @@ def heavy(stack: Stack, held: int, states: int, questions: int, smalls: int) -> 
     in_flight = held - len(statuses)
     for t in threads:
         t.join()
-    return {"held": held, "shape": "%dx%d" % (states, questions), "heavy_still_in_flight_after_smalls": in_flight,
+    channel.close()
+    return {"held": held, "over": over, "shape": "%dx%d" % (states, questions), "heavy_still_in_flight_after_smalls": in_flight,
             "small_http_max_s": round(max(http_s), 3), "small_grpc_max_s": round(max(grpc_s), 3),
             "small_http_p50_s": round(sorted(http_s)[len(http_s) // 2], 3),
             "small_grpc_p50_s": round(sorted(grpc_s)[len(grpc_s) // 2], 3),
@@ -145,6 +162,7 @@ def main() -> None:
     p.add_argument("--states", type=int, default=64)
     p.add_argument("--questions", type=int, default=64)
     p.add_argument("--smalls", type=int, default=10)
+    p.add_argument("--heavy-over", choices=("http", "grpc", "both"), default="both")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     root = os.path.join(os.environ.get("TMPDIR", "/tmp"), "laya-admission-bench")
@@ -160,7 +178,7 @@ def main() -> None:
             results["burst_%d_retrying" % n] = burst(s, n, retry=True)
             print(json.dumps({"burst_%d_retrying" % n: results["burst_%d_retrying" % n]}), flush=True)
         if a.heavy:
-            results["heavy"] = heavy(s, a.heavy, a.states, a.questions, a.smalls)
+            results["heavy"] = heavy(s, a.heavy, a.states, a.questions, a.smalls, a.heavy_over)
             print(json.dumps({"heavy": results["heavy"]}), flush=True)
     if a.out:
         with open(a.out, "w") as f:

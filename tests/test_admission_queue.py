@@ -147,6 +147,160 @@ def test_a_waiter_cancelled_by_its_client_leaves_nothing_behind():
     run(main())
 
 
+class _Clock:
+    """The admission's clock, moved by hand: retry delays without sleeping through them."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _enter(adm: Admission, client: str, conn: str, release: asyncio.Event, log: list, name: str):
+    async with adm.enter(client, conn):
+        log.append(name)
+        await release.wait()
+
+
+async def _busy(coro) -> bool:
+    try:
+        await asyncio.wait_for(coro, 0.05)
+    except LayaError as e:
+        assert e.kind is Kind.BUSY
+        return True
+    except asyncio.TimeoutError:
+        return False
+    raise AssertionError("admitted")
+
+
+def test_a_resend_before_the_retry_delay_gets_no_place_and_restarts_the_delay():
+    async def main():
+        clock = _Clock()
+        adm = Admission(Limits(max_concurrent=1, max_queue=1, queue_timeout_s=30), retry_delay_s=1.0, clock=clock)
+        release, log = asyncio.Event(), []
+        holder = asyncio.ensure_future(_enter(adm, "http:h", "http:h:1", release, log, "holder"))
+        await asyncio.sleep(0.01)
+        waiter = asyncio.ensure_future(_enter(adm, "http:w", "http:w:1", release, log, "waiter"))
+        await asyncio.sleep(0.01)
+        assert await _busy(_enter(adm, "grpc:g", "grpc:g:1", release, log, "g"))   # the queue is full
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        assert adm.waiting == 0                                  # a place is free now, but:
+        clock.now += 0.5
+        assert await _busy(_enter(adm, "grpc:g", "grpc:g:1", release, log, "g"))   # too early: no place
+        clock.now += 0.7                                         # 1.2 s after the first refusal,
+        assert await _busy(_enter(adm, "grpc:g", "grpc:g:1", release, log, "g"))   # 0.7 after the last
+        other = asyncio.ensure_future(_enter(adm, "grpc:g", "grpc:g:2", release, log, "g2"))
+        await asyncio.sleep(0.01)
+        assert adm.waiting == 1 and not other.done()             # another connection of the host: a place
+        other.cancel()
+        await asyncio.gather(other, return_exceptions=True)
+        clock.now += 1.0                                         # waited the whole delay
+        back = asyncio.ensure_future(_enter(adm, "grpc:g", "grpc:g:1", release, log, "g"))
+        await asyncio.sleep(0.01)
+        assert adm.waiting == 1 and not back.done()
+        release.set()
+        await asyncio.gather(holder, back)
+        assert log == ["holder", "g"] and adm.taken == 0 and adm.per_client == {} and adm.queued_per_client == {}
+    run(main())
+
+
+def test_a_wait_cut_by_the_requests_own_deadline_is_a_timeout_and_starts_no_retry_delay():
+    from laya_grpc.engine import deadline
+
+    async def main():
+        adm = Admission(Limits(max_concurrent=1, max_queue=4, queue_timeout_s=30))
+        release, log = asyncio.Event(), []
+        holder = asyncio.ensure_future(_enter(adm, "grpc:a", "grpc:a:1", release, log, "holder"))
+        await asyncio.sleep(0.01)
+        with deadline.within(0.1):
+            with pytest.raises(LayaError) as e:
+                await _enter(adm, "grpc:b", "grpc:b:1", release, log, "late")
+        assert e.value.kind is Kind.TIMEOUT
+        again = asyncio.ensure_future(_enter(adm, "grpc:b", "grpc:b:1", release, log, "again"))
+        await asyncio.sleep(0.01)
+        assert adm.waiting == 1 and not again.done()   # no retry delay: queued at once
+        release.set()
+        await asyncio.gather(holder, again)
+    run(main())
+
+
+def test_behind_a_proxy_a_connection_carries_no_retry_delay():
+    """LAYA_PROXIED_CLIENTS: one connection carries many clients, so a refusal must not keep the
+    next request on it (another client's) out of the queue."""
+    async def main():
+        adm = Admission(Limits(max_concurrent=1, max_queue=1, queue_timeout_s=30, connection_delays=False))
+        release, log = asyncio.Event(), []
+        holder = asyncio.ensure_future(_enter(adm, "http:proxy", "http:proxy:1", release, log, "holder"))
+        await asyncio.sleep(0.01)
+        waiter = asyncio.ensure_future(_enter(adm, "http:proxy", "http:proxy:2", release, log, "waiter"))
+        await asyncio.sleep(0.01)
+        assert await _busy(_enter(adm, "http:proxy", "http:proxy:3", release, log, "x"))   # the queue is full
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        again = asyncio.ensure_future(_enter(adm, "http:proxy", "http:proxy:3", release, log, "again"))
+        await asyncio.sleep(0.01)
+        assert adm.waiting == 1 and not again.done()   # queued at once, no delay
+        release.set()
+        await asyncio.gather(holder, again)
+    run(main())
+
+
+def test_a_client_back_after_its_delay_keeps_its_turn():
+    async def main():
+        clock = _Clock()
+        adm = Admission(Limits(max_concurrent=1, max_queue=2, queue_timeout_s=30), retry_delay_s=1.0, clock=clock)
+        release, log = asyncio.Event(), []
+        holder = asyncio.ensure_future(_enter(adm, "h", "h", release, log, "holder"))
+        await asyncio.sleep(0.01)
+        early = [asyncio.ensure_future(_enter(adm, c, c, release, log, c)) for c in ("p", "s")]
+        await asyncio.sleep(0.01)
+        assert await _busy(_enter(adm, "q", "q", release, log, "q"))   # full, and nobody is heavier
+        for t in early:
+            t.cancel()
+        await asyncio.gather(*early, return_exceptions=True)
+        newer = asyncio.ensure_future(_enter(adm, "n", "n", release, log, "n"))   # arrived while q waited
+        await asyncio.sleep(0.01)
+        clock.now += 1.0
+        back = asyncio.ensure_future(_enter(adm, "q", "q", release, log, "q"))
+        await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(holder, newer, back)
+        assert log == ["holder", "q", "n"]    # q's turn is the one it was refused in
+    run(main())
+
+
+def test_a_full_queue_takes_the_newest_place_of_the_heaviest_client_for_a_light_one():
+    async def main():
+        clock = _Clock()
+        adm = Admission(Limits(max_concurrent=1, max_queue=4, queue_timeout_s=30), retry_delay_s=1.0, clock=clock)
+        release, log = asyncio.Event(), []
+        holder = asyncio.ensure_future(_enter(adm, "grpc:greedy", "grpc:greedy:1", release, log, "holder"))
+        await asyncio.sleep(0.01)
+        greedy = [asyncio.ensure_future(_enter(adm, "grpc:greedy", "grpc:greedy:1", release, log, "g%d" % i))
+                  for i in range(4)]
+        await asyncio.sleep(0.01)
+        light = asyncio.ensure_future(_enter(adm, "http:light", "http:light:1", release, log, "light"))
+        await asyncio.sleep(0.01)
+        assert not light.done() and adm.waiting == 4
+        assert greedy[3].done() and isinstance(greedy[3].exception(), LayaError)   # the newest greedy place
+        assert greedy[3].exception().kind is Kind.BUSY and not any(g.done() for g in greedy[:3])
+        # the evicted connection's retry delay started: at once it gets no place
+        assert await _busy(_enter(adm, "grpc:greedy", "grpc:greedy:1", release, log, "again"))
+        # light (1 place) against greedy (a slot and 3 places): two lighter, evicts again
+        light2 = asyncio.ensure_future(_enter(adm, "http:light", "http:light:2", release, log, "light2"))
+        await asyncio.sleep(0.01)
+        assert greedy[2].done() and not light2.done()
+        # greedy now holds 3 (a slot, two places), light 2: not two lighter, refused
+        assert await _busy(_enter(adm, "http:light", "http:light:3", release, log, "light3"))
+        release.set()
+        await asyncio.gather(holder, light, light2, *greedy, return_exceptions=True)
+        assert sorted(log) == sorted(["holder", "g0", "g1", "light", "light2"])
+        assert adm.taken == 0 and adm.waiting == 0 and adm.queued_per_client == {}
+    run(main())
+
+
 # -- through the served stack, all defaults ------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -221,7 +375,8 @@ def test_past_the_queue_grpc_says_unavailable_with_retry_info_and_the_client_ret
                     decision_pb2_grpc.DecisionServiceStub(ch).Decide(decision_pb2.DecideRequest(
                         request_json=json.dumps(_body(0))), timeout=10)
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert dict(e.value.trailing_metadata()).get("retry-after") == "1"
+            trailers = dict(e.value.trailing_metadata())
+            assert trailers.get("retry-after") == "1" and trailers.get("grpc-retry-pushback-ms") == "1000"
             assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in rpc_status.from_call(e.value).details)
             r = httpx.post(s.http + "/v1/systemone", json=_body(0), timeout=10)
             assert r.status_code == 503 and r.headers["retry-after"] == "1"

@@ -7,9 +7,12 @@ written against the HTTP API ports as is. `typed=True` returns the DecideRespons
 DecideBatchResponse messages instead. A failed call raises `laya_grpc.core.errors.LayaError` with
 the HTTP-equivalent kind and detail (and `field`, the request field at fault when known).
 
-A busy gateway (UNAVAILABLE, kind BUSY) or one that cannot be reached is retried with jittered
-exponential backoff until the client's `timeout` is spent; a RetryInfo delay from the gateway is
-waited at least. Only then does the call fail, BUSY, saying what the last attempt met.
+A busy gateway (UNAVAILABLE, kind BUSY) is retried after the RetryInfo delay it gives, one that
+cannot be reached with jittered exponential backoff, until the client's `timeout` is spent; only
+then does the call fail, BUSY, saying what the last attempt met. The gateway counts a retry delay
+per connection and refuses a call sent on it before the delay has passed (restarting the delay),
+so a refusal holds back every call of the client (one channel is one connection), not only the
+refused one.
 """
 from __future__ import annotations
 
@@ -19,12 +22,11 @@ import time
 from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 import grpc
-from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from laya_grpc.core import rpc
 from laya_grpc.core.calls import stream_mux
-from laya_grpc.core.errors import KIND_METADATA_KEY, Kind, LayaError
+from laya_grpc.core.errors import BUSY_DETAIL, KIND_METADATA_KEY, Kind, LayaError
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
 
 from .answers import batch_dict, response_dict
@@ -33,6 +35,10 @@ from .requests import build_batch, build_decide
 
 INITIAL_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 2.0
+# Each client its own connection (gRPC otherwise shares one between channels of a process with the
+# same target and options): the gateway's retry delay binds a connection, and each client holds
+# back its own calls for it, so two clients on one connection would keep restarting each other's.
+CLIENT_CHANNEL_OPTIONS = rpc.CHANNEL_OPTIONS + [("grpc.use_local_subchannel_pool", 1)]
 
 
 def _metadata(api_key: Optional[str]):
@@ -45,12 +51,7 @@ def _retry_info_s(e: grpc.RpcError) -> Optional[float]:
         st = rpc_status.from_call(e)
     except ValueError:
         return None
-    for d in st.details if st is not None else ():
-        if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            info = error_details_pb2.RetryInfo()
-            d.Unpack(info)
-            return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
-    return None
+    return rpc.retry_delay_of(st) if st is not None else None
 
 
 def _classify(e: grpc.RpcError, address: str) -> tuple[LayaError, bool, Optional[float]]:
@@ -63,8 +64,9 @@ def _classify(e: grpc.RpcError, address: str) -> tuple[LayaError, bool, Optional
 
 
 class _Backoff:
-    """Jittered exponential backoff inside one deadline: `pause(hint)` is how long to sleep before
-    the next attempt (at least the gateway's RetryInfo `hint`), or None when no time is left."""
+    """Waits inside one deadline: `pause(hint)` is how long to sleep before the next attempt (the
+    gateway's RetryInfo `hint` and a little jitter; without a hint, jittered exponential backoff),
+    or None when no time is left."""
 
     def __init__(self, timeout: float):
         self.end = time.monotonic() + timeout
@@ -74,17 +76,43 @@ class _Backoff:
         return max(0.001, self.end - time.monotonic())
 
     def pause(self, hint: Optional[float]) -> Optional[float]:
-        ceiling = min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * (2 ** self.attempt))
-        self.attempt += 1
-        delay = random.uniform(ceiling / 2, ceiling)
         if hint:
-            delay = max(delay, hint * random.uniform(1.0, 1.2))
+            delay = hint * random.uniform(1.0, 1.1)   # waiting longer only loses the place it keeps
+        else:
+            ceiling = min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * (2 ** self.attempt))
+            self.attempt += 1
+            delay = random.uniform(ceiling / 2, ceiling)
         return delay if time.monotonic() + delay < self.end else None
 
 
-def _call_with_retries(call: Callable[[float], Any], timeout: float, address: str) -> Any:
-    backoff = _Backoff(timeout)
+class _Hold:
+    """The end of the retry delay the gateway last asked for, shared by every call of one client."""
+
+    def __init__(self):
+        self.until = 0.0
+
+    def left(self) -> float:
+        return self.until - time.monotonic()
+
+    def hold(self, seconds: float) -> None:
+        self.until = max(self.until, time.monotonic() + seconds)
+
+
+def _held(hold: _Hold, backoff: _Backoff, err: Optional[LayaError]) -> float:
+    """How long to wait before the next attempt for the client's retry delay; raises when the
+    delay outlasts the call's timeout (the last error, or BUSY before any attempt)."""
+    wait = hold.left()
+    if wait > 0 and time.monotonic() + wait >= backoff.end:
+        raise err or LayaError(Kind.BUSY, BUSY_DETAIL)
+    return max(0.0, wait)
+
+
+def _call_with_retries(call: Callable[[float], Any], timeout: float, address: str, hold: _Hold) -> Any:
+    backoff, err = _Backoff(timeout), None
     while True:
+        wait = _held(hold, backoff, err)
+        if wait:
+            time.sleep(wait)
         try:
             return call(backoff.left())
         except grpc.RpcError as e:
@@ -92,25 +120,34 @@ def _call_with_retries(call: Callable[[float], Any], timeout: float, address: st
         pause = backoff.pause(hint) if retryable else None
         if pause is None:
             raise err
-        time.sleep(pause)
+        if hint:
+            hold.hold(pause)
+        else:
+            time.sleep(pause)
 
 
-async def _acall_with_retries(call: Callable[[float], Any], timeout: float, address: str) -> Any:
-    backoff = _Backoff(timeout)
+async def _acall_with_retries(call: Callable[[float], Any], timeout: float, address: str, hold: _Hold) -> Any:
+    backoff, err = _Backoff(timeout), None
     while True:
+        wait = _held(hold, backoff, err)
+        if wait:
+            await asyncio.sleep(wait)
         hint = None
         try:
             return await call(backoff.left())
         except grpc.aio.AioRpcError as e:
             err, retryable, hint = _classify(e, address)
         except LayaError as e:       # a DecideStream call: its reply or the stream's failure
-            err, retryable = e, e.kind is Kind.BUSY
+            err, retryable, hint = e, e.kind is Kind.BUSY, e.retry_after_s
             if e.detail == rpc.transport_detail("gateway"):
                 err = LayaError(Kind.BUSY, "no gateway answered at %s" % address)
         pause = backoff.pause(hint) if retryable else None
         if pause is None:
             raise err
-        await asyncio.sleep(pause)
+        if hint:
+            hold.hold(pause)
+        else:
+            await asyncio.sleep(pause)
 
 
 class LayaClient:
@@ -120,10 +157,11 @@ class LayaClient:
 
     def __init__(self, address: str = "127.0.0.1:50051", api_key: Optional[str] = None, timeout: float = 60.0,
                  typed: bool = False):
-        self._channel = grpc.insecure_channel(rpc.target(address), options=rpc.CHANNEL_OPTIONS)
+        self._channel = grpc.insecure_channel(rpc.target(address), options=CLIENT_CHANNEL_OPTIONS)
         self._decisions = decision_pb2_grpc.DecisionServiceStub(self._channel)
         self._status = decision_pb2_grpc.StatusServiceStub(self._channel)
         self._md, self.timeout, self.typed, self.address = _metadata(api_key), timeout, typed, address
+        self._hold = _Hold()
 
     def __enter__(self) -> "LayaClient":
         return self
@@ -138,13 +176,13 @@ class LayaClient:
         """One state; controls: model, task, lang, lang_guess, max_len, head_max_len, min_confidence."""
         req = build_decide(state, questions, **controls)
         resp = _call_with_retries(lambda t: self._decisions.Decide(req, timeout=t, metadata=self._md),
-                                  self.timeout, self.address)
+                                  self.timeout, self.address, self._hold)
         return resp if self.typed else response_dict(resp)
 
     def decide_batch(self, states: list, questions: dict, **controls) -> Any:
         req = build_batch(states, questions, **controls)
         resp = _call_with_retries(lambda t: self._decisions.DecideBatch(req, timeout=t, metadata=self._md),
-                                  self.timeout, self.address)
+                                  self.timeout, self.address, self._hold)
         return resp if self.typed else batch_dict(resp)
 
     def status(self) -> decision_pb2.StatusEvent:
@@ -171,10 +209,11 @@ class AsyncLayaClient:
 
     def __init__(self, address: str = "127.0.0.1:50051", api_key: Optional[str] = None, timeout: float = 60.0,
                  stream: bool = True, typed: bool = False):
-        self._channel = rpc.channel(address)
+        self._channel = grpc.aio.insecure_channel(rpc.target(address), options=CLIENT_CHANNEL_OPTIONS)
         self._decisions = decision_pb2_grpc.DecisionServiceStub(self._channel)
         self._status = decision_pb2_grpc.StatusServiceStub(self._channel)
         self._md, self.timeout, self.typed, self.address = _metadata(api_key), timeout, typed, address
+        self._hold = _Hold()
         self._mux = stream_mux(lambda: self._decisions.DecideStream(metadata=self._md), decision_pb2.DecideCall,
                                "gateway") if stream else None
 
@@ -193,16 +232,16 @@ class AsyncLayaClient:
         req = build_decide(state, questions, **controls)
         if self._mux is not None:
             mux = self._mux
-            resp = await _acall_with_retries(lambda t: mux.call(req, t), self.timeout, self.address)
+            resp = await _acall_with_retries(lambda t: mux.call(req, t), self.timeout, self.address, self._hold)
         else:
             resp = await _acall_with_retries(lambda t: self._decisions.Decide(req, timeout=t, metadata=self._md),
-                                             self.timeout, self.address)
+                                             self.timeout, self.address, self._hold)
         return resp if self.typed else response_dict(resp)
 
     async def decide_batch(self, states: list, questions: dict, **controls) -> Any:
         req = build_batch(states, questions, **controls)
         resp = await _acall_with_retries(lambda t: self._decisions.DecideBatch(req, timeout=t, metadata=self._md),
-                                         self.timeout, self.address)
+                                         self.timeout, self.address, self._hold)
         return resp if self.typed else batch_dict(resp)
 
     async def status(self) -> decision_pb2.StatusEvent:

@@ -32,6 +32,8 @@ import logging
 from typing import Awaitable, Callable, Optional
 
 import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import status_pb2
 
 from . import rpc
 from .errors import KIND_METADATA_KEY, Kind, LayaError
@@ -47,7 +49,15 @@ def call_error(err: LayaError, proto_cls):
 
 def error_from_call(e) -> LayaError:
     kind = Kind[e.kind] if e.kind in Kind.__members__ else Kind.INTERNAL
-    return LayaError(kind, e.detail)
+    err = LayaError(kind, e.detail)
+    if kind is Kind.BUSY and e.status:   # its RetryInfo: a client waits it out before retrying
+        st = status_pb2.Status()
+        try:
+            st.ParseFromString(e.status)
+            err.retry_after_s = rpc.retry_delay_of(st)
+        except DecodeError:
+            pass
+    return err
 
 
 # ------------------------------------------------------------------------------------ server side
@@ -81,6 +91,7 @@ class CallTable:
                  error_cls, name: str):
         self._handle, self._send, self._reply_cls, self._error_cls, self.name = handle, send, reply_cls, error_cls, name
         self.tasks: dict = {}   # call id -> its task
+        self.refusals: set = set()   # tasks writing the reply to a call refused on arrival
 
     def receive(self, call) -> None:
         if not call.HasField("request"):   # the caller no longer wants this call: no reply is expected
@@ -91,6 +102,8 @@ class CallTable:
         if call.id in self.tasks:   # an id must be unique among the calls in flight: each gets one reply
             err = LayaError(Kind.BAD_REQUEST, "call id %d is already in flight on this stream" % call.id)
             t = asyncio.ensure_future(self._send(self._reply_cls(id=call.id, error=call_error(err, self._error_cls))))
+            self.refusals.add(t)
+            t.add_done_callback(self.refusals.discard)
         else:
             t = asyncio.ensure_future(self._one(call))
             self.tasks[call.id] = t
@@ -99,6 +112,10 @@ class CallTable:
 
     async def _one(self, call) -> None:
         await self._send(await reply_to(call, self._handle, self._reply_cls, self._error_cls, self.name))
+
+    def running(self) -> list:
+        """The tasks of this link that still hold work or a reply to write."""
+        return [*self.tasks.values(), *self.refusals]
 
     async def finish(self) -> None:
         """The caller is done sending: finish what it asked for."""
@@ -112,8 +129,14 @@ class CallTable:
 
 
 async def serve_calls(calls, context: grpc.aio.ServicerContext, handle: Callable[[object], Awaitable],
-                      reply_cls, error_cls, name: str) -> None:
-    """Server side of a multiplexed gRPC stream; replies are written as they complete."""
+                      reply_cls, error_cls, name: str, max_in_flight: Optional[int] = None) -> None:
+    """Server side of a multiplexed gRPC stream; replies are written as they complete.
+
+    `max_in_flight`: with that many calls running (their replies not yet written), the next call
+    is not read until one ends. What the client sends meanwhile waits in HTTP/2 flow control (a
+    window of bytes, then the client's writes block), so one stream holds bounded work and memory,
+    also when its client never reads the replies. A cancel message behind that window is read when
+    a call ends (each call is bounded by its own timeout and the admission queue time)."""
     lock = asyncio.Lock()
 
     async def send(reply) -> None:
@@ -127,6 +150,8 @@ async def serve_calls(calls, context: grpc.aio.ServicerContext, handle: Callable
     try:
         async for call in calls:
             table.receive(call)
+            while max_in_flight is not None and len(table.tasks) + len(table.refusals) >= max_in_flight:
+                await asyncio.wait(table.running(), return_when=asyncio.FIRST_COMPLETED)
         await table.finish()   # then the stream ends
     finally:
         table.cancel()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import enum
 
+from typing import Optional
+
 import grpc
 
 
@@ -50,6 +52,7 @@ class LayaError(Exception):
         self.kind = kind
         self.detail = detail
         self.field = field    # the request field at fault, as a path ("questions[0].criteria[1].label"); "" = unknown
+        self.retry_after_s: Optional[float] = None   # the RetryInfo delay it came with, read by clients
 
     def __repr__(self) -> str:
         return "LayaError(%s, %r%s)" % (self.kind.name, self.detail, ", field=%r" % self.field if self.field else "")
@@ -76,6 +79,7 @@ ERROR_DOMAIN = "laya-grpc"
 RETRY_DELAY_S = 1.0
 RETRY_AFTER_HEADER = "%d" % RETRY_DELAY_S   # HTTP Retry-After and gRPC `retry-after` metadata (upstream's "1")
 RETRY_AFTER_KEY = "retry-after"
+BUSY_DETAIL = "server busy, try again later"   # upstream's 503 detail
 
 
 def from_grpc(code: grpc.StatusCode, details: str, kind_name: str | None = None, field: str = "") -> LayaError:

@@ -22,33 +22,48 @@ def setup_observability(service: str, settings) -> None:
 
 
 class ChangeFeed:
-    """A sequence number that status streams wait on; bumped on every state change."""
+    """A sequence number that status streams wait on; bumped on every state change.
+
+    Waiters share their timers: all that wait with one timeout await one future per timeout value,
+    which the next change or that timeout's next tick resolves. A thousand `Watch` streams at a
+    0.2 s heartbeat then cost one timer and one wake-up each per tick, not a timer, a task and a
+    lock round each."""
 
     def __init__(self):
         self.instance_id = uuid.uuid4().hex[:12]
         self.started = time.time()
         self.sequence = 0
-        self._cond = asyncio.Condition()
+        self._beats: dict[float, asyncio.Future] = {}   # timeout -> the future its waiters await
 
     def bump(self) -> None:
         self.sequence += 1
-        loop = asyncio.get_running_loop()
-        loop.create_task(self._notify())
+        beats, self._beats = self._beats, {}
+        for fut in beats.values():
+            if not fut.done():
+                fut.set_result(True)
 
-    async def _notify(self) -> None:
-        async with self._cond:
-            self._cond.notify_all()
+    def beat(self, timeout: float) -> asyncio.Future:
+        """The future shared by every waiter with this timeout: True at the next change, False at
+        the timeout's next tick (at most `timeout` from now)."""
+        fut = self._beats.get(timeout)
+        if fut is None:
+            loop = asyncio.get_running_loop()
+            fut = self._beats[timeout] = loop.create_future()
+            loop.call_later(timeout, self._tick, timeout, fut)
+        return fut
+
+    def _tick(self, timeout: float, fut: asyncio.Future) -> None:
+        if self._beats.get(timeout) is fut:
+            del self._beats[timeout]
+        if not fut.done():
+            fut.set_result(False)
 
     async def wait(self, seen: int, timeout: float) -> bool:
-        """True if the sequence moved past `seen` within `timeout` seconds."""
+        """True if the sequence moved past `seen` within `timeout` seconds (False: a tick of the
+        timeout shared with the other waiters, at most `timeout` from now)."""
         if self.sequence != seen:
             return True
-        try:
-            async with self._cond:
-                await asyncio.wait_for(self._cond.wait_for(lambda: self.sequence != seen), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+        return await asyncio.shield(self.beat(timeout))   # shielded: one waiter leaving cancels only itself
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

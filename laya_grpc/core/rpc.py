@@ -165,10 +165,26 @@ def status_of(err: LayaError) -> status_pb2.Status:
     return st
 
 
+# gRPC's own retry policy (gRFC A6) waits exactly this long before its next attempt, instead of its
+# jittered backoff, which would re-send before the retry delay (and be refused for it)
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
+PUSHBACK_MS = "%d" % (RETRY_DELAY_S * 1000)
+
+
+def retry_delay_of(st: status_pb2.Status) -> Optional[float]:
+    """The RetryInfo delay of a status, in seconds (None when it has none)."""
+    for d in st.details:
+        if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            d.Unpack(info)
+            return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    return None
+
+
 async def abort(context: grpc.aio.ServicerContext, err: LayaError):
     """Fail the call with `status_of(err)`; the kind also travels as trailing metadata, so a hop
     between our own services keeps it without parsing the details, and BUSY adds `retry-after`
-    (seconds, as HTTP's Retry-After).
+    (seconds, as HTTP's Retry-After) and `grpc-retry-pushback-ms`, which gRPC's retry policy obeys.
 
     A call whose deadline passed or whose client left in the same instant has already ended in
     gRPC's core, which refuses the status batch; nobody is left to read it, so the call ends as
@@ -176,7 +192,7 @@ async def abort(context: grpc.aio.ServicerContext, err: LayaError):
     st = rpc_status.to_status(status_of(err))
     extra = ((KIND_METADATA_KEY, err.kind.name),)
     if err.kind is Kind.BUSY:
-        extra += ((RETRY_AFTER_KEY, RETRY_AFTER_HEADER),)
+        extra += ((RETRY_AFTER_KEY, RETRY_AFTER_HEADER), (PUSHBACK_KEY, PUSHBACK_MS))
     try:
         await context.abort(st.code, st.details, trailing_metadata=tuple(st.trailing_metadata) + extra)
     except grpc.aio.AbortError:

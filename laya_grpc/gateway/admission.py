@@ -13,12 +13,31 @@ buffered at once) and, once parsed, its cost: rows, one per (state, question) pa
   it), so heavy batches that hold the row budget never lock out small requests, nor small ones
   starve a heavy one; a request larger than the whole budget runs alone.
 
-A request that finds no slot or no rows waits, up to `LAYA_QUEUE_TIMEOUT_SECONDS` (default 10 s, and
-never past its own deadline) with at most `LAYA_MAX_QUEUE` others (default 1024). Whenever room
+A request that finds no slot or no rows waits, up to `LAYA_QUEUE_TIMEOUT_SECONDS` (default 10 s; a
+request whose own deadline comes first fails TIMEOUT then) with at most `LAYA_MAX_QUEUE` others
+(default 1024). Whenever room
 frees, the waiter whose client (transport and peer host) holds the fewest slots goes first, the
 oldest among equals: one client's burst cannot starve another, nor one transport the other. Past
 the queue the request is BUSY: HTTP 503 + `Retry-After`, gRPC UNAVAILABLE + RetryInfo
 (`core/errors.py`). `LAYA_MAX_QUEUE=0` refuses at once when full, as upstream does.
+
+Retry storms are the queue's business too, because a client that ignores the retry hint would
+otherwise take the places that the clients waiting out their delay come back to:
+
+* a refusal starts the retry delay (`RETRY_DELAY_S`, the hint's 1 s) of the request's connection
+  (an HTTP connection; a gRPC peer address and port, which all calls and streams of one channel
+  share). A request on that connection before the delay has passed gets no queue place: it is
+  refused at once and the delay starts again. Only a request that needs no wait goes in;
+* a request that comes back after its delay takes its place in the queue by the time of the
+  refusal, not behind everyone who arrived while it waited; when the queue is full, the newest
+  place (if newer than its turn) is refused instead;
+* a full queue takes a place from the heaviest client (slots held plus places queued), its
+  newest place, for a request from a client at least two lighter, instead of refusing it.
+
+Clients behind one address share the delay only per connection, so a refusal never reaches
+another client's requests; `client.py` holds all calls of one channel back for the delay. Behind
+a proxy that carries many clients on one connection that no longer holds: `LAYA_PROXIED_CLIENTS`
+turns the connection delays off (fairness and the heaviest client's eviction stay).
 
 Because the slot is held while the body arrives, the read has a deadline
 (`LAYA_BODY_READ_TIMEOUT`): a stalled upload gets 408 and frees its slot.
@@ -32,7 +51,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from laya_grpc.core import memory, metrics
-from laya_grpc.core.errors import Kind, LayaError
+from laya_grpc.core.errors import BUSY_DETAIL, RETRY_DELAY_S, Kind, LayaError
 
 from laya_grpc.engine import deadline
 
@@ -42,9 +61,9 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 TRIM_AFTER_BYTES = 1024 * 1024
 _timeout = getattr(asyncio, "timeout", None)   # Python 3.11+; 3.10 (still supported) uses wait_for
 
-BUSY_DETAIL = "server busy, try again later"
 TOO_LARGE_DETAIL = "request body too large"
 TIMEOUT_DETAIL = "request body was not received in time"
+DEADLINE_DETAIL = "the request's deadline passed while it waited for admission"
 
 
 @dataclass(frozen=True)
@@ -54,6 +73,7 @@ class Limits:
     queue_timeout_s: float = 10.0     # longest wait before BUSY
     max_rows: int = 4096              # rows (state x question pairs) the larger requests answered hold
     small_rows: int = 64              # at most this many rows: never waits for rows
+    connection_delays: bool = True    # a refusal's retry delay binds its connection (off behind a proxy)
 
 
 def rows_of(states: int, questions: int) -> int:
@@ -62,21 +82,22 @@ def rows_of(states: int, questions: int) -> int:
 
 
 class _Waiter:
-    __slots__ = ("ticket", "rows", "seq", "future")
+    __slots__ = ("ticket", "rows", "seq", "future", "queued")
 
     def __init__(self, ticket: "Ticket", rows: int, seq: int):
-        self.ticket, self.rows, self.seq = ticket, rows, seq
+        self.ticket, self.rows, self.seq, self.queued = ticket, rows, seq, False
         self.future = asyncio.get_running_loop().create_future()
 
 
 class Ticket:
-    """One request's hold on admission: `async with admission.enter(client) as ticket:` takes a
-    slot (waiting in the queue if need be); `await ticket.charge(rows)` takes its rows; leaving
-    the block gives both back."""
-    __slots__ = ("admission", "client", "slot", "rows")
+    """One request's hold on admission: `async with admission.enter(client, conn) as ticket:` takes
+    a slot (waiting in the queue if need be); `await ticket.charge(rows)` takes its rows; leaving
+    the block gives both back. `client` is whom fairness counts (transport and peer host), `conn`
+    whom a retry delay binds (the connection; `client` when not given)."""
+    __slots__ = ("admission", "client", "conn", "slot", "rows")
 
-    def __init__(self, admission: "Admission", client: str):
-        self.admission, self.client, self.slot, self.rows = admission, client, False, 0
+    def __init__(self, admission: "Admission", client: str, conn: str):
+        self.admission, self.client, self.conn, self.slot, self.rows = admission, client, conn or client, False, 0
 
     async def __aenter__(self) -> "Ticket":
         a = self.admission
@@ -107,6 +128,14 @@ class Ticket:
             await self.admission._wait(self, rows)
 
 
+# a re-send this much before its delay ends still counts as waiting it out (the client's timer
+# starts when the refusal reaches it, so it is late by a round trip, never early by more than this)
+RETRY_SLACK_S = 0.05
+# connections whose refusal is remembered, at most: past it the oldest are forgotten (a
+# forgotten connection only loses its delay and its turn)
+MAX_REMEMBERED = 65536
+
+
 class Admission:
     """The slots and rows of one gateway process, over HTTP and gRPC together (module docstring).
 
@@ -114,19 +143,22 @@ class Admission:
     count also says when the gateway is idle: `trim` gives freed heap back once no slot has been
     taken for a moment after large requests (their bytes are `trim.add`ed by the fronts)."""
 
-    def __init__(self, limits: Limits = Limits()):
-        self.limits = limits
+    def __init__(self, limits: Limits = Limits(), retry_delay_s: float = RETRY_DELAY_S,
+                 clock=time.monotonic):
+        self.limits, self.retry_delay_s, self.clock = limits, retry_delay_s, clock
         self.taken = 0                      # slots held
         self.rows = 0                       # rows held
         self.per_client: dict[str, int] = {}
+        self.queued_per_client: dict[str, int] = {}
         self._waiting: list[_Waiter] = []
         self._queued = [0, 0]               # waiters for a slot, for rows
         self._seq = itertools.count()
+        self._refused: dict[str, tuple[float, int]] = {}   # conn -> (end of its retry delay, its turn)
         self.trim = memory.IdleTrim(lambda: self.taken, lambda fn: asyncio.get_running_loop().run_in_executor(None, fn),
                                     TRIM_AFTER_BYTES, metrics.GATEWAY_HEAP_TRIMS)
 
-    def enter(self, client: str = "") -> Ticket:
-        return Ticket(self, client)
+    def enter(self, client: str = "", conn: str = "") -> Ticket:
+        return Ticket(self, client, conn)
 
     @property
     def waiting(self) -> int:
@@ -153,6 +185,29 @@ class Admission:
             return self._rows_fit(w.rows)
         return self.taken < self.limits.max_concurrent
 
+    def _enqueue(self, w: _Waiter) -> None:
+        w.queued = True
+        self._waiting.append(w)
+        self._queued[bool(w.rows)] += 1
+        c = w.ticket.client
+        self.queued_per_client[c] = self.queued_per_client.get(c, 0) + 1
+
+    def _dequeue(self, w: _Waiter) -> None:
+        if not w.queued:
+            return
+        w.queued = False
+        self._waiting.remove(w)
+        self._queued[bool(w.rows)] -= 1
+        c = w.ticket.client
+        left = self.queued_per_client.get(c, 1) - 1
+        if left:
+            self.queued_per_client[c] = left
+        else:
+            self.queued_per_client.pop(c, None)
+
+    def _load(self, client: str) -> int:
+        return self.per_client.get(client, 0) + self.queued_per_client.get(client, 0)
+
     def _wake(self) -> None:
         """Grant room to waiters while some fits: the fewest slots held by its client first."""
         while self._waiting:
@@ -164,7 +219,7 @@ class Admission:
                         best, best_key = w, key
             if best is None:
                 return
-            self._waiting.remove(best)
+            self._dequeue(best)
             if best.rows:
                 self._grant_rows(best.ticket, best.rows)
             else:
@@ -186,33 +241,86 @@ class Admission:
             t.rows = 0
         self._wake()
 
+    # -- refusals and retry delays ---------------------------------------------------------------
+    def _refusal(self, t: Ticket, seq: int, reason: str = "busy") -> LayaError:
+        """BUSY for `t`, whose connection's retry delay (re)starts now; `seq`, its turn, is kept for
+        when it comes back after the delay."""
+        metrics.REJECTED.labels(t.client.partition(":")[0] or "gateway", reason).inc()
+        if not self.limits.connection_delays:
+            return LayaError(Kind.BUSY, BUSY_DETAIL)
+        now = self.clock()
+        self._refused.pop(t.conn, None)   # re-inserted last: the dict stays in order of refusal
+        self._refused[t.conn] = (now + self.retry_delay_s, seq)
+        if len(self._refused) > MAX_REMEMBERED:
+            for conn in list(itertools.islice(self._refused, len(self._refused) - MAX_REMEMBERED // 2)):
+                del self._refused[conn]
+        return LayaError(Kind.BUSY, BUSY_DETAIL)
+
+    def _turn(self, t: Ticket) -> int:
+        """The queue turn of a request that must wait: its connection's earlier turn when it comes
+        back after its retry delay, a new one otherwise; BUSY (the delay restarts) when it comes
+        back before the delay has passed."""
+        back = self._refused.get(t.conn)
+        if back is None:
+            return next(self._seq)
+        until, seq = back
+        if self.clock() < until - RETRY_SLACK_S:
+            raise self._refusal(t, seq, "early_retry")
+        del self._refused[t.conn]
+        return seq
+
+    def _make_room(self, client: str, seq: int) -> bool:
+        """The queue is full: a place goes (BUSY) if the request is owed one. The newest place of
+        the heaviest client goes for a request from a client at least two lighter, so a burst from
+        one client cannot refuse everyone else; else the newest place of all goes for a request back
+        after its retry delay whose turn (`seq`) is older, so places taken while it waited are not
+        kept from it."""
+        victim = None
+        if self.queued_per_client:
+            heaviest = max(self.queued_per_client, key=self._load)
+            if self._load(heaviest) > self._load(client) + 1:
+                victim = max((w for w in self._waiting if w.ticket.client == heaviest), key=lambda w: w.seq)
+        if victim is None and self._waiting:
+            newest = max(self._waiting, key=lambda w: w.seq)
+            if newest.seq > seq:
+                victim = newest
+        if victim is None:
+            return False
+        self._dequeue(victim)
+        victim.future.set_exception(self._refusal(victim.ticket, victim.seq, "evicted"))
+        return True
+
     async def _wait(self, t: Ticket, rows: int) -> None:
         """Queue for a slot (rows == 0) or for `rows`; BUSY when the queue is full or the wait
-        runs past the queue time (or the request's deadline)."""
-        if len(self._waiting) >= self.limits.max_queue:
-            metrics.REJECTED.labels(t.client.partition(":")[0] or "gateway", "busy").inc()
-            raise LayaError(Kind.BUSY, BUSY_DETAIL)
-        w = _Waiter(t, rows, next(self._seq))
-        self._waiting.append(w)
-        self._queued[bool(rows)] += 1
+        runs past the queue time, TIMEOUT (gRPC DEADLINE_EXCEEDED) when it runs past the request's
+        own deadline first."""
+        seq = self._turn(t)
+        if len(self._waiting) >= self.limits.max_queue and not self._make_room(t.client, seq):
+            raise self._refusal(t, seq)
+        w = _Waiter(t, rows, seq)
+        self._enqueue(w)
         wait_s = self.limits.queue_timeout_s
         left = deadline.left()
-        if left is not None:
-            wait_s = min(wait_s, left)
+        by_deadline = left is not None and left < wait_s
+        if by_deadline:
+            wait_s = left
         t0 = time.perf_counter()
         try:
             await asyncio.wait_for(asyncio.shield(w.future), wait_s)
         except asyncio.TimeoutError:
-            if w.future.done() and not w.future.cancelled():
-                return   # granted just as the wait ran out
-            metrics.REJECTED.labels(t.client.partition(":")[0] or "gateway", "busy").inc()
-            raise LayaError(Kind.BUSY, BUSY_DETAIL) from None
+            if w.future.done() and not w.future.cancelled():   # decided just as the wait ran out
+                if w.future.exception() is None:
+                    return
+                raise w.future.exception() from None
+            if by_deadline:   # the request's own time ran out, not the queue's: no refusal, no retry delay
+                raise LayaError(Kind.TIMEOUT, DEADLINE_DETAIL) from None
+            raise self._refusal(t, seq) from None
         finally:
-            self._queued[bool(rows)] -= 1
-            if w in self._waiting:
-                self._waiting.remove(w)
+            self._dequeue(w)
             if not w.future.done():
                 w.future.cancel()
+            elif not w.future.cancelled():
+                w.future.exception()   # an eviction nobody awaited any more: seen
             metrics.ADMISSION_WAIT_SECONDS.observe(time.perf_counter() - t0)
 
 

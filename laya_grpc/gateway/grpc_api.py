@@ -37,13 +37,17 @@ _OPERATION = {m.name: "%s/%s" % (m.containing_service.full_name, m.name)
 
 
 UNKNOWN_MODEL_KEY = "laya-unknown-model"
+# calls running on one DecideStream at most; the stream reads the next when one ends (flow control
+# holds the client meanwhile). A client wanting more in flight opens more streams, each of which the
+# admission queue counts call by call.
+STREAM_MAX_CALLS = 128
 
 
-def peer_host(context) -> str:
-    """The admission client of a gRPC call: transport and peer host (not the port: one client
-    opens many connections)."""
+def peer_host(context) -> tuple[str, str]:
+    """The admission client of a gRPC call, transport and peer host (not the port: one client
+    opens many connections), and its connection, which a retry delay binds (peer host and port)."""
     peer = context.peer() or ""
-    return "grpc:" + (peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer)
+    return "grpc:" + (peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer), "grpc:" + peer
 
 
 def _expired(context):
@@ -72,7 +76,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 deadline.within(context.time_remaining()):   # the client's deadline bounds the queue and backend calls
             scope.expired = _expired(context)
             await context.send_initial_metadata(((request_id.HEADER, scope.request_id),))
-            async with self.policy.admission.enter(peer_host(context)) as ticket:
+            async with self.policy.admission.enter(*peer_host(context)) as ticket:
                 return await self._decide(request, ticket, context)
 
     async def DecideStream(self, request_iterator, context):
@@ -80,16 +84,16 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
         # stream instead races the client's first write, which then sees a transport error)
         allowed = self.policy.auth.allows(bearer_of(context.invocation_metadata()))
         _, traceparent = request_id.from_metadata(context.invocation_metadata())
-        client = peer_host(context)
+        client, conn = peer_host(context)
 
         async def one(request):   # each call is a request of its own: own id, span, access-log line, slot
             with request_scope.observed("grpc", "decide", None, traceparent, operation=_OPERATION["DecideStream"]):
                 if not allowed:
                     self.policy.auth.check(None)
-                async with self.policy.admission.enter(client) as ticket:
+                async with self.policy.admission.enter(client, conn) as ticket:
                     return await self._decide(request, ticket, None)
         await calls.serve_calls(request_iterator, context, one,
-                                decision_pb2.DecideReply, tokens_pb2.CallError, "Decide")
+                                decision_pb2.DecideReply, tokens_pb2.CallError, "Decide", STREAM_MAX_CALLS)
 
     async def _decide(self, request, ticket: Ticket, context):
         self.policy.admission.trim.add(request.ByteSize())   # ~0.5 ms per MiB: small beside the work it measures
@@ -112,7 +116,7 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
                 deadline.within(context.time_remaining()):
             scope.expired = _expired(context)
             await context.send_initial_metadata(((request_id.HEADER, scope.request_id),))
-            async with self.policy.admission.enter(peer_host(context)) as ticket:
+            async with self.policy.admission.enter(*peer_host(context)) as ticket:
                 return await self._decide_batch(request, ticket, context)
 
     async def _decide_batch(self, request, ticket: Ticket, context):
@@ -136,6 +140,7 @@ class StatusServicer(decision_pb2_grpc.StatusServiceServicer):
     def __init__(self, services, readiness: Readiness, feed: ChangeFeed, address: str, heartbeat_s: float = 2.0):
         self.services, self.readiness, self.feed = services, readiness, feed
         self.address, self.heartbeat_s = address, heartbeat_s
+        self._last = None   # (key, event): the last event built for the status streams
 
     def event(self, reason: str) -> decision_pb2.StatusEvent:
         ev = decision_pb2.StatusEvent(sequence=self.feed.sequence, time_unix=time.time(),
@@ -165,4 +170,12 @@ class StatusServicer(decision_pb2_grpc.StatusServiceServicer):
         while True:
             changed = await self.feed.wait(seen, heartbeat)
             seen = self.feed.sequence
-            await context.write(self.event("change" if changed else "heartbeat"))
+            await context.write(self._shared_event("change" if changed else "heartbeat"))
+
+    def _shared_event(self, reason: str) -> decision_pb2.StatusEvent:
+        """The event of this change or tick, built once for all the streams it wakes (they wake
+        one after another from one shared future: feed.wait)."""
+        key = (self.feed.sequence, reason, round(time.monotonic(), 2))
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self.event(reason))
+        return self._last[1]

@@ -2,7 +2,7 @@
 whether the gateway serves at all (readiness), as one object that both fronts call.
 
     policy.auth.check(authorization_header)            # UNAUTHENTICATED unless the key matches
-    async with policy.admission.enter(client) as t:    # a slot, waiting in the bounded queue
+    async with policy.admission.enter(client, conn) as t:   # a slot, waiting in the bounded queue
         ...; await t.charge(rows)                      # the request's rows
     policy.readiness.ready() / .reason()
 

@@ -81,6 +81,10 @@ class GatewayOptions:
                                       "while small ones pass", type=positive_int)
     small_request_rows: int = setting(Limits.small_rows, "requests of at most this many rows never wait for "
                                       "rows (only for a slot)", type=non_negative_int, unit="rows")
+    proxied_clients: bool = setting(False, "clients reach the gateway through a proxy that carries many of them "
+                                    "on one connection: a refusal's retry delay then binds no connection (a "
+                                    "re-send before it still queues); without this, a request sent on a "
+                                    "connection before its retry delay has passed gets no queue place")
     strict_model: bool = setting(False, "answer a request whose 'model' names no checkpoint served here with 404 "
                                  "(gRPC NOT_FOUND) instead of routing it automatically as upstream laya serve "
                                  "does (the default; the response then names the unknown model in the "
@@ -131,7 +135,7 @@ class GatewayOptions:
         """The admission queue's limits (gateway/admission.py)."""
         return Limits(max_concurrent=self.max_concurrent, max_queue=self.max_queue,
                       queue_timeout_s=self.queue_timeout_s, max_rows=self.max_rows_in_flight,
-                      small_rows=self.small_request_rows)
+                      small_rows=self.small_request_rows, connection_delays=not self.proxied_clients)
 
     def complete(self, sources: dict) -> None:
         """--host, --port and --grpc-port replace their part of --http and --grpc."""
