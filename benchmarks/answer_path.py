@@ -33,10 +33,10 @@ BODY = json.dumps({"state": "The parcel came late and the box was damaged.", "qu
 
 def _services(n_questions: int):
     """Services answering at once: each state's usage block and fixed option and act logits."""
-    from laya_grpc.core.temperatures import Temperatures
+    from laya_grpc.core.decisions.temperatures import Temperatures
     from laya_grpc.engine import services as api
     try:
-        from laya_grpc.core.answers import Usage
+        from laya_grpc.core.decisions.answers import Usage
         usage = Usage(input_tokens=90, output_tokens=0, state_tokens=12)
     except ImportError:   # a tree whose answer loop passes usage dicts
         usage = {"input_tokens": 90, "output_tokens": 0, "state_tokens": 12, "state_tokens_dropped": 0,
@@ -68,10 +68,10 @@ def main(argv=None) -> int:
     p.add_argument("--per", type=int, default=50, help="requests per burst")
     a = p.parse_args(argv)
     import laya_grpc
-    from laya_grpc.core.routing import RouteTable
+    from laya_grpc.core.decisions.routing import RouteTable
     from laya_grpc.engine.decider import Decider
     from laya_grpc.gateway import typed_answer
-    from laya_grpc.gateway.contract import parse_decide_body
+    from laya_grpc.gateway.http_body import parse_decide_body
     from laya_grpc.gateway.render import render_json
     from laya_grpc.gateway.settings import GatewaySettings
     from laya_proto.v1 import decision_pb2

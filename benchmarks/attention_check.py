@@ -1,4 +1,4 @@
-"""The one-launch attention kernel (inference_svc/cuda_attention.py) on a real GPU: right, then fast.
+"""The one-launch attention kernel (inference/cuda_attention.py) on a real GPU: right, then fast.
 
 `python3 -m benchmarks.attention_check` on the GPU host; needs torch + triton only (no checkpoint).
 

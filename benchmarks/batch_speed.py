@@ -38,10 +38,10 @@ def main(argv=None) -> int:
     import laya_grpc
     from laya_grpc.bench.inputs import named_cases
     from laya_grpc.cli.predictor import Predictor
-    from laya_grpc.core.packed_rows import PackedRows
-    from laya_grpc.core.questions import parse_questions
-    from laya_grpc.core.temperatures import Temperatures
-    from laya_grpc.core.decode import decode_answer
+    from laya_grpc.core.wire.packed_rows import PackedRows
+    from laya_grpc.core.decisions.questions import parse_questions
+    from laya_grpc.core.decisions.temperatures import Temperatures
+    from laya_grpc.core.decisions.decode import decode_answer
 
     pred = Predictor(a.ckpt, device=a.device)
     pred.warm()

@@ -1,6 +1,6 @@
 """Correctness of the CUDA path on a real GPU, before anything is timed (the first step of a GPU run).
 
-1. The Triton kernels (inference_svc/cuda_kernels.py) against the eager torch ops they replace, on
+1. The Triton kernels (inference/cuda_kernels.py) against the eager torch ops they replace, on
    fresh random fp16 inputs (add_layer_norm also bf16 and fp32), every element compared.
 2. Tiny checkpoints (sequential and parallel option layout): the CUDA runner (CUDA graphs, fused
    encoder packed and padded, reference encoder; fp16 and fp32) against the CPU fp32 runner on real
@@ -104,9 +104,9 @@ def check_add_layer_norm(torch, g) -> list[str]:
 
 def check_runners(torch, work: str) -> list[str]:
     from laya_grpc.cli.make_checkpoint import make_checkpoint
-    from laya_grpc.core.packed_rows import PackedRows
-    from laya_grpc.core.questions import parse_questions
-    from laya_grpc.core.sources import open_source
+    from laya_grpc.core.wire.packed_rows import PackedRows
+    from laya_grpc.core.decisions.questions import parse_questions
+    from laya_grpc.core.checkpoints.sources import open_source
     from laya_grpc.inference.runners import TorchRunner
     from laya_grpc.tokenizer.encoding import TextEncoder
     bad = []

@@ -9,7 +9,7 @@ kernels: the fused encoder's forward run eagerly under torch.profiler (CUDA kern
   same as inside the graph; only the launch gaps differ), summed per kernel name per forward,
   next to the CUDA-graph replay time of the same bucket. Says which kernels to attack next.
 hops: `serve` with the default workers and with one gateway and one tokenizer, each without and
-  with busy-polling event loops (LAYA_BUSY_POLL_US), each timed per hop by benchmarks/hops.py (tokenizer RPC, inference
+  with busy-polling event loops (LAYA_BUSY_POLL_US), each timed per hop by benchmarks/stack_hops.py (tokenizer RPC, inference
   RPC, gRPC Decide, HTTP).
 
 Start-up (process to ready with an empty and a filled kernel cache) is benchmarks/cold_start.py's.
@@ -76,7 +76,7 @@ def kernel_study(a, rec) -> list:
 
 
 def hops_study(a, rec, cache: str | None) -> list:
-    """Per-hop latency (benchmarks/hops.py) of a served stack, per serve configuration."""
+    """Per-hop latency (benchmarks/stack_hops.py) of a served stack, per serve configuration."""
     import subprocess
     from laya_grpc.bench.service import Served
     env = {"LAYA_MAX_CONCURRENT": "256"}
@@ -92,7 +92,7 @@ def hops_study(a, rec, cache: str | None) -> list:
         srv = Served({"english": a.ckpt}, extra, dict(env, **more_env))
         try:
             ready_s = srv.wait_ready(300)
-            cmd = [sys.executable, "-m", "benchmarks.hops", "--run-dir", srv.run_dir, "--http",
+            cmd = [sys.executable, "-m", "benchmarks.stack_hops", "--run-dir", srv.run_dir, "--http",
                    "127.0.0.1:%d" % srv.http_port, "--grpc", srv.grpc, "-n", str(a.hops_n), "--json"]
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             hops = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else {"error": res.stderr[-2000:]}
@@ -107,8 +107,8 @@ GEMM_TOKENS = (160, 9216, 36864)   # one short row's bucket; 64 and 256 short ro
 
 def gemm_study(a, rec) -> list:
     import torch
-    from laya_grpc.core.netspec import read_net_spec
-    spec = read_net_spec(a.ckpt)
+    from laya_grpc.core.checkpoints.model_shape import read_model_shape
+    spec = read_model_shape(a.ckpt)
     d, inter = spec.hidden_size, spec.intermediate_size
     shapes = (("Wqkv", 3 * d, d), ("attn.Wo", d, d), ("mlp.Wi", 2 * inter, d), ("mlp.Wo", d, inter))
     out = []

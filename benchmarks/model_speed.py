@@ -28,7 +28,7 @@ PARITY_TOL_DP, PARITY_TIE_MARGIN = 1e-2, 0.04
 
 def rows(lengths, markers, vocab, seed):
     """Padded batch of rows with the given token counts (random ids, markers at 2, 4, ...)."""
-    from laya_grpc.core.packed_rows import PackedRows
+    from laya_grpc.core.wire.packed_rows import PackedRows
     rng = np.random.default_rng(seed)
     lengths = np.asarray(lengths, dtype=np.int32)
     ks = np.full(len(lengths), markers, dtype=np.int32) if np.isscalar(markers) else np.asarray(markers, np.int32)

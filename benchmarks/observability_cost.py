@@ -1,6 +1,6 @@
 """CPU cost per request of the gateway's observability.
 
-Default: the request bookkeeping alone (core/request_scope.py), in this process: minting the
+Default: the request bookkeeping alone (gateway/request_scope.py), in this process: minting the
 request id, the two metric updates and the access-log line, in text and JSON, with tracing off
 (the default), and with tracing on (the request span only, to an exporter that drops it). Logs go
 to /dev/null so the figure is formatting, not the terminal.
@@ -31,7 +31,8 @@ import time
 import urllib.request
 from concurrent import futures
 
-from laya_grpc.core import logs, request_scope
+from laya_grpc.core.runtime import logs
+from laya_grpc.gateway import request_scope
 
 BODY = json.dumps({"state": "My phone arrived broken and I want my money back today.", "questions": {
     "intent": {"type": "choice", "instructions": "What does the customer want?",
@@ -69,7 +70,7 @@ def traced(n: int) -> tuple[float, float]:
     """The same with tracing on: the request span made, ended and handed to the batch exporter,
     whose thread encodes nothing (an exporter that drops): the SDK's part of the cost alone."""
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-    from laya_grpc.core import tracing
+    from laya_grpc.core.runtime import tracing
 
     class Drop(SpanExporter):
         def export(self, spans):

@@ -19,7 +19,7 @@ import argparse
 import collections
 import json
 
-from laya_grpc.bench.hops import TimedHTTP
+from laya_grpc.bench.hop_timing import TimedHTTP
 from laya_grpc.bench.stats import paired_ratio, pct, summary_ms
 
 BODY = {"model": "english", "state": "My phone arrived broken and I want my money back today.",

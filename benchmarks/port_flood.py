@@ -34,7 +34,8 @@ from stack import Stack  # noqa: E402
 
 from laya_grpc.cli.make_checkpoint import make_checkpoint  # noqa: E402
 from laya_grpc.client.requests import build_decide  # noqa: E402
-from laya_grpc.core import memory, rpc  # noqa: E402
+from laya_grpc.core.runtime import memory  # noqa: E402
+from laya_grpc.core.wire import rpc  # noqa: E402
 from laya_proto.v1 import decision_pb2_grpc  # noqa: E402
 
 STATE = "My parcel is late again."

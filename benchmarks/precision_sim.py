@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
     from benchmarks.model_speed import rows
-    from laya_grpc.core.temperatures import Temperatures
+    from laya_grpc.core.decisions.temperatures import Temperatures
     from laya_grpc.inference.torch_model import LayaTorch, _rotate_half
     torch.set_num_threads(a.threads)
     m = LayaTorch.from_checkpoint(a.ckpt, "cpu", torch.float64).double()

@@ -95,7 +95,7 @@ def main(argv=None) -> int:
 def study(a, rec, torch, dev, cname: str, ckpt: str, timing: bool) -> list:
     """The variants on one checkpoint: a record per variant."""
     import json
-    from laya_grpc.core.temperatures import Temperatures
+    from laya_grpc.core.decisions.temperatures import Temperatures
     from laya_grpc.inference import cuda_attention as ca
     from laya_grpc.inference.cuda_graphs import PackedForward
     from laya_grpc.inference.packing import PackedPlan, rows_from_padded

@@ -18,9 +18,9 @@ import time
 import numpy as np
 
 from laya_grpc.bench.inputs import _WORDS, named_cases
-from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.questions import parse_questions
-from laya_grpc.core.sources import open_source
+from laya_grpc.core.wire.packed_rows import PackedRows
+from laya_grpc.core.decisions.questions import parse_questions
+from laya_grpc.core.checkpoints.sources import open_source
 from laya_grpc.tokenizer import split_encode
 from laya_grpc.tokenizer.encoding import TextEncoder
 

@@ -8,7 +8,7 @@ Tiers (markers registered in pyproject.toml), set here from what each test's cod
 new test cannot escape them:
 - `integration`: the test, a fixture it uses, or a helper of the tests' own that either calls,
   starts a process or opens a socket (subprocess, socket, asyncio streams, a gRPC server or
-  channel, uvicorn, tests/stack.py), or uses a module of the package that does (core/ipc.py);
+  channel, uvicorn, tests/stack.py), or uses a module of the package that does (core/wire/ipc.py);
 - `kernels`: the test's module imports the Triton kernels (run through Triton's CPU interpreter);
 - `slow`: the test itself (not a fixture it shares) starts a whole `laya-grpc serve` (tests/stack.py,
   or `laya-grpc serve|bench` as a process) or builds an environment.
@@ -147,7 +147,7 @@ def _names(obj, seen: set) -> set:
 
 def _product_module_io(module) -> set:
     """{"module:socket"} or {"module:subprocess"} for a module of the package that opens sockets or
-    starts processes itself (core/ipc.py's unix sockets, the bench's stacks): what a test reaches
+    starts processes itself (core/wire/ipc.py's unix sockets, the bench's stacks): what a test reaches
     through it is integration even though the test's own code names neither."""
     if not isinstance(module, types.ModuleType) or not module.__name__.startswith("laya_grpc."):
         return set()

@@ -18,7 +18,7 @@ import types
 import numpy as np
 import pytest
 
-from laya_grpc.core.turns import TURN_MS
+from laya_grpc.inference.turns import TURN_MS
 from laya_grpc.inference import batcher as batcher_module
 from laya_grpc.inference.batcher import Batcher
 from test_fair_chunks import rows_of, turn_learned

@@ -18,11 +18,11 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from laya_grpc import cli
-from laya_grpc.core.checkpoint import PINNED_REVISIONS, open_checkpoint
-from laya_grpc.core.checkpoint_shapes import Dims, parameter_count, tensor_shapes
+from laya_grpc.core.checkpoints.checkpoint import PINNED_REVISIONS, open_checkpoint
+from laya_grpc.core.checkpoints.shapes import Dims, parameter_count, tensor_shapes
 from laya_grpc.core.errors import CheckpointError, Kind
 from laya_grpc.cli.make_checkpoint import PRESETS, make_checkpoint
-from laya_grpc.core.temperatures import Temperatures, clamp_temperature, temperature_rejected
+from laya_grpc.core.decisions.temperatures import Temperatures, clamp_temperature, temperature_rejected
 
 QUESTIONS = {
     "dept": {"type": "choice", "instructions": "Which department should handle this ticket?",

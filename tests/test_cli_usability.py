@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 
-from laya_grpc.cli.remote import _Printer
-from laya_grpc.core.routing import RouteTable, resolve_model
+from laya_grpc.cli.client_commands import _Printer
+from laya_grpc.core.decisions.routing import RouteTable, resolve_model
 from laya_proto.v1 import decision_pb2, status_pb2
 from tests.stack import ROOT
 
@@ -81,18 +81,18 @@ def test_watch_redraws_in_place_on_a_terminal():
 
 def test_an_unknown_model_name_is_auto_routed_with_a_warning(caplog):
     table = RouteTable.build()
-    with caplog.at_level(logging.WARNING, logger="laya_grpc.core.routing"):
+    with caplog.at_level(logging.WARNING, logger="laya_grpc.core.decisions.routing"):
         assert resolve_model("englsh", table) is None   # upstream's answer: auto-route
     assert any("'englsh'" in r.getMessage() and "english" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="laya_grpc.core.routing"):
+    with caplog.at_level(logging.WARNING, logger="laya_grpc.core.decisions.routing"):
         assert resolve_model("english", table) == "english"
     assert not caplog.records
 
 
 def test_bench_out_defaults_under_the_current_directory(tmp_path):
     from laya_grpc.bench.suite import add_arguments
-    from laya_grpc.core import flags
+    from laya_grpc.core.runtime import flags
     p = flags.Parser()
     add_arguments(p)
     out = flags.finish(p, p.parse_args([]), env={}).out
@@ -108,7 +108,7 @@ def test_watch_json_uses_the_proto_field_names_like_health():
 
 
 def test_decide_questions_take_inline_json_or_a_file(tmp_path):
-    from laya_grpc.cli.remote import _questions_text
+    from laya_grpc.cli.client_commands import _questions_text
     inline = '{"q": {"type": "noul", "instructions": "ok?"}}'
     assert _questions_text(inline) == inline
     (tmp_path / "q.json").write_text(inline)

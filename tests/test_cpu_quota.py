@@ -1,5 +1,5 @@
 """Thread pools follow the CPUs a process may use (cgroup CPU quota, affinity mask), not the
-host's core count, and torch's OpenMP threads wait passively (core/cpu_quota.py)."""
+host's core count, and torch's OpenMP threads wait passively (core/runtime/cpu_quota.py)."""
 import os
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from cpu_cgroup import make_cpu_cgroup, remove_cgroup
-from laya_grpc.core import cpu_quota
+from laya_grpc.core.runtime import cpu_quota
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,7 +67,7 @@ def test_operator_settings_win():
 
 _CHILD = """
 import os, sys
-from laya_grpc.core import cpu_quota
+from laya_grpc.core.runtime import cpu_quota
 from laya_grpc.inference.devices import pick_device
 from laya_grpc.tokenizer.split_encode import rayon_threads
 pick_device("cpu", "torch", False)

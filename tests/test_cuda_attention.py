@@ -1,4 +1,4 @@
-"""The one-launch attention kernel (inference_svc/cuda_attention.py) on CPU, through Triton's
+"""The one-launch attention kernel (inference/cuda_attention.py) on CPU, through Triton's
 interpreter (TRITON_INTERPRET=1), the same kernel code the H200 runs.
 
 The kernel against the reference (RoPE through the eager ops, then SDPA with the boolean masks of
@@ -21,7 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 from laya_grpc.inference import cuda_attention as ca  # noqa: E402
 from laya_grpc.inference import cuda_kernels as ck  # noqa: E402
 from laya_grpc.inference.torch_model import LayaTorch, _rotate_half  # noqa: E402
-from laya_grpc.core.netspec import FULL, SLIDING  # noqa: E402
+from laya_grpc.core.checkpoints.model_shape import FULL, SLIDING  # noqa: E402
 from test_fused_encoder import _batch  # noqa: E402  (tests/ is on sys.path under pytest)
 
 

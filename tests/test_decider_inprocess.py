@@ -10,8 +10,8 @@ import pytest
 
 from laya_grpc.cli.predictor import load_services
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.routing import RouteTable
-from laya_grpc.gateway.contract import parse_batch_body, parse_decide_body
+from laya_grpc.core.decisions.routing import RouteTable
+from laya_grpc.gateway.http_body import parse_batch_body, parse_decide_body
 from laya_grpc.engine.decider import Decider
 from laya_grpc.gateway.settings import GatewaySettings
 from test_services_e2e import QUESTIONS, STATES, assert_close, router, upstream_body  # noqa: F401 - router is a fixture

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.questions import parse_questions
-from laya_grpc.core.routing import RouteTable
-from laya_grpc.core.sources import open_source
+from laya_grpc.core.decisions.questions import parse_questions
+from laya_grpc.core.decisions.routing import RouteTable
+from laya_grpc.core.checkpoints.sources import open_source
 from laya_grpc.engine import decider as decider_mod
 from laya_grpc.engine.decider import Decider
 from laya_grpc.engine.inprocess import InProcessServices

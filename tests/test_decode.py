@@ -26,13 +26,13 @@ from laya.agent import Agent
 from laya.common import clamp_temperature as up_clamp
 from laya.common import temp_bucket as up_bucket
 
-from laya_grpc.core.answers import Decision, Gate, Usage
-from laya_grpc.core.confidence_gate import check_min_confidence
-from laya_grpc.core.decode import decode_answer, jev_confidence
+from laya_grpc.core.decisions.answers import Decision, Gate, Usage
+from laya_grpc.core.decisions.confidence_gate import check_min_confidence
+from laya_grpc.core.decisions.decode import decode_answer, jev_confidence
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.questions import parse_questions
-from laya_grpc.core.routing import Routing
-from laya_grpc.core.temperatures import Temperatures, clamp_temperature, option_bucket
+from laya_grpc.core.decisions.questions import parse_questions
+from laya_grpc.core.decisions.routing import Routing
+from laya_grpc.core.decisions.temperatures import Temperatures, clamp_temperature, option_bucket
 
 CONFIGS = {
     "none": {},
@@ -345,6 +345,6 @@ def test_decode_is_torch_free():
     import subprocess
     import sys
     code = ("import sys; sys.modules['torch'] = None; "
-            "import laya_grpc.core.decode, laya_grpc.core.temperatures, laya_grpc.core.confidence_gate; print('ok')")
+            "import laya_grpc.core.decisions.decode, laya_grpc.core.decisions.temperatures, laya_grpc.core.decisions.confidence_gate; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

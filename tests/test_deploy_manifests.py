@@ -333,11 +333,11 @@ def test_runs_as_non_root_with_writable_scratch():
 def test_every_backend_of_a_set_reads_the_same_checkpoints():
     """One ConfigMap gives all three services the checkpoint set, so a gateway never routes a
     checkpoint to a tokenizer or inference replica that lacks it."""
-    from laya_grpc.core.sources import parse_checkpoint_specs
+    from laya_grpc.core.checkpoints.sources import parse_checkpoint_specs
     sets = {name: container_env(dep).get("LAYA_CHECKPOINT") for name, dep in deployments().items()}
     assert len(set(sets.values())) == 1 and None not in sets.values(), sets
     value = next(iter(sets.values()))
-    specs = parse_checkpoint_specs(value.replace(",", " ").split())   # as core.flags splits a list variable
+    specs = parse_checkpoint_specs(value.replace(",", " ").split())   # as core.runtime.flags splits a list variable
     # every checkpoint of the set stays resident: no request waits for a reload after an eviction
     assert int(container_env(deployments()["laya-inference"])["LAYA_MAX_LOADED"]) >= len(specs), specs
 
@@ -577,7 +577,7 @@ def test_documented_warm_kernels_job_validates_and_matches_the_inference_pod():
     the inference pod's image and kernel cache directory on the same volume, and only variables
     `warm-kernels` reads."""
     from laya_grpc.cli.warm_kernels import WarmKernelsSettings
-    from laya_grpc.core import flags
+    from laya_grpc.core.runtime import flags
     docs = (ROOT / "docs" / "deploy.md").read_text()
     block = re.search(r"```yaml\n(# kubectl -n laya apply -f warm-kernels.yaml.*?)```", docs, flags=re.S)
     assert block, "docs/deploy.md has no warm-kernels Job"
@@ -601,8 +601,8 @@ def test_documented_warm_kernels_job_validates_and_matches_the_inference_pod():
 
 def test_pods_name_themselves_for_tracing():
     """Every service gets its pod, namespace and node from the downward API, under the names
-    core/tracing.py reads for the trace resource."""
-    from laya_grpc.core import tracing
+    core/runtime/tracing.py reads for the trace resource."""
+    from laya_grpc.core.runtime import tracing
     for name, dep in deployments().items():
         env = container_env(dep)
         for var, field in (("K8S_POD_NAME", "metadata.name"), ("K8S_NAMESPACE_NAME", "metadata.namespace"),
@@ -626,7 +626,7 @@ def test_autoscalers_scale_deployments_that_leave_the_count_to_them():
     docs = (ROOT / "docs" / "deploy.md").read_text()
     rule = re.search(r"seriesQuery: '(\w+)_count.*?name:\s*\n\s*as: (\w+)", docs, flags=re.S)
     assert rule and rule.group(2) == metric, "docs/deploy.md has no adapter rule for %s" % metric
-    from laya_grpc.core import metrics
+    from laya_grpc.core.runtime import metrics
     assert rule.group(1) in {f.name for f in vars(metrics).values() if isinstance(f, metrics._Family)}
 
 
@@ -644,7 +644,7 @@ def test_pod_monitor_scrapes_every_metrics_port():
 def _env_names_read_by_code() -> set[str]:
     """The current names of every service's settings (deprecated names do not count)."""
     from laya_grpc.cli.config import SERVICES, settings_class
-    from laya_grpc.core import flags
+    from laya_grpc.core.runtime import flags
     return {flags.env_name(f) for s in SERVICES for f in flags.fields(settings_class(s))}
 
 

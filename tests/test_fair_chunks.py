@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.turns import TURN_MS
+from laya_grpc.core.wire.packed_rows import PackedRows
+from laya_grpc.inference.turns import TURN_MS
 from laya_grpc.engine.coalesce import InferCoalescer
 from laya_grpc.inference.batcher import Batcher
 

@@ -13,7 +13,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from laya_grpc.core import rpc
+from laya_grpc.core.wire import rpc
 from laya_proto.v1 import decision_pb2_grpc, status_pb2
 from stack import Stack
 

@@ -22,9 +22,9 @@ from laya_grpc.inference import cuda_kernels as ck  # noqa: E402
 from laya_grpc.inference.runners import TorchRunner, resolve_kernels  # noqa: E402
 from laya_grpc.inference.torch_model import LayaTorch, _rotate_half  # noqa: E402
 from laya_grpc.core.errors import LayaError  # noqa: E402
-from laya_grpc.core.packed_rows import PackedRows  # noqa: E402
-from laya_grpc.core.questions import parse_questions  # noqa: E402
-from laya_grpc.core.sources import open_source  # noqa: E402
+from laya_grpc.core.wire.packed_rows import PackedRows  # noqa: E402
+from laya_grpc.core.decisions.questions import parse_questions  # noqa: E402
+from laya_grpc.core.checkpoints.sources import open_source  # noqa: E402
 from laya_grpc.tokenizer.encoding import TextEncoder  # noqa: E402
 
 

@@ -18,7 +18,7 @@ import grpc
 import httpx
 
 from laya_grpc.client import AsyncLayaClient, LayaClient
-from laya_grpc.core import calls
+from laya_grpc.core.wire import calls
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc
 from stack import Stack
 

@@ -263,7 +263,7 @@ def test_decide_stream_answers_and_fails_exactly_as_decide(stack):
     Decide's kind and detail, and the stream keeps serving after errors."""
     import asyncio
     from laya_grpc.core.errors import LayaError
-    from laya_grpc.core.calls import stream_mux
+    from laya_grpc.core.wire.calls import stream_mux
     reqs = []
     for body in list(HAPPY.values()) + list(ERRORS.values()):
         raw = _encode(body)
@@ -343,8 +343,8 @@ def test_unreachable_backend_names_no_address(tmp_path):
     """A call to a service that is not there fails BUSY (retryable) without the socket path or
     address gRPC's own message names, unary and streamed alike."""
     import asyncio
-    from laya_grpc.core import rpc
-    from laya_grpc.core.calls import stream_mux
+    from laya_grpc.core.wire import rpc
+    from laya_grpc.core.wire.calls import stream_mux
     from laya_grpc.core.errors import LayaError
     sock = str(tmp_path / "gone.sock")
     with grpc.insecure_channel("unix:" + sock) as ch:

@@ -16,7 +16,8 @@ import h2.events
 import h2.exceptions
 
 from laya_grpc.client.requests import build_decide
-from laya_grpc.core import memory, rpc  # noqa: E402
+from laya_grpc.core.runtime import memory  # noqa: E402
+from laya_grpc.core.wire import rpc  # noqa: E402
 from laya_proto.v1 import decision_pb2_grpc  # noqa: E402
 from stack import Stack  # noqa: E402
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from hostile_clients import SMALL, large_batch
-from laya_grpc.core.question_wire import tokenize_request
+from laya_grpc.core.wire.question_wire import tokenize_request
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
 from stack import Stack
 

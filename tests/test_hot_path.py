@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 
 from laya_grpc.engine.coalesce import InferCoalescer
-from laya_grpc.gateway.contract import may_hold_lone_surrogate, load_json
+from laya_grpc.gateway.http_body import may_hold_lone_surrogate, load_json
 from laya_grpc.client.answers import response_dict
 from laya_grpc.gateway.typed_answer import pack_decision
 from laya_grpc.gateway.render import render_json
-from laya_grpc.core.answers import Decision, Usage
-from laya_grpc.core.controls import has_lone_surrogate
-from laya_grpc.core.decode import decode_answer
+from laya_grpc.core.decisions.answers import Decision, Usage
+from laya_grpc.core.decisions.controls import has_lone_surrogate
+from laya_grpc.core.decisions.decode import decode_answer
 from laya_grpc.core.errors import LayaError
-from laya_grpc.core.langdetect import analyse
-from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.questions import parse_questions
-from laya_grpc.core.routing import Routing
-from laya_grpc.core.temperatures import Temperatures
+from laya_grpc.core.decisions.langdetect import analyse
+from laya_grpc.core.wire.packed_rows import PackedRows
+from laya_grpc.core.decisions.questions import parse_questions
+from laya_grpc.core.decisions.routing import Routing
+from laya_grpc.core.decisions.temperatures import Temperatures
 from laya_proto.v1 import decision_pb2
 
 I32 = np.dtype("<i4")

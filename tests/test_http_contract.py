@@ -605,7 +605,7 @@ def test_unauthorized_gets_401_while_saturated(gateway):
 
 # --------------------------------------------------------------------------------- import hygiene
 def test_gateway_never_imports_torch_or_mlx():
-    code = ("import sys, laya_grpc.gateway.http_app, laya_grpc.engine.decider, laya_grpc.gateway.contract; "
+    code = ("import sys, laya_grpc.gateway.http_app, laya_grpc.engine.decider, laya_grpc.gateway.http_body; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mlx')); "
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("laya")
 
 from laya_grpc.cli.predictor import load_services  # noqa: E402
-from laya_grpc.core import flags  # noqa: E402
-from laya_grpc.core.routing import RouteTable  # noqa: E402
+from laya_grpc.core.runtime import flags  # noqa: E402
+from laya_grpc.core.decisions.routing import RouteTable  # noqa: E402
 from laya_grpc.engine.decider import Decider  # noqa: E402
 from laya_grpc.gateway.admission import Admission  # noqa: E402
 from laya_grpc.gateway.http_app import build_app  # noqa: E402

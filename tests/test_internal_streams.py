@@ -1,4 +1,4 @@
-"""Gateway->backend calls multiplexed on one stream (TokenizeStream, InferStream; laya_grpc/core/calls.py).
+"""Gateway->backend calls multiplexed on one stream (TokenizeStream, InferStream; laya_grpc/core/wire/calls.py).
 
 Against the real tokenizer and inference processes of a `serve` stack: a streamed call answers
 exactly what the unary call answers, errors keep their kind and detail and leave the stream
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.calls import stream_mux
-from laya_grpc.core.question_wire import tokenize_request
+from laya_grpc.core.wire.calls import stream_mux
+from laya_grpc.core.wire.question_wire import tokenize_request
 from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from stack import Stack
 

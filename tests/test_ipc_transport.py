@@ -1,4 +1,4 @@
-"""Tokenize and Infer calls over IPC unix sockets (laya_grpc/core/ipc.py).
+"""Tokenize and Infer calls over IPC unix sockets (laya_grpc/core/wire/ipc.py).
 
 Against the real tokenizer and inference processes of a `serve` stack (which gives its children
 IPC sockets): a call over IPC answers exactly what the gRPC unary call answers, errors keep their
@@ -18,9 +18,9 @@ import grpc
 import numpy as np
 import pytest
 
-from laya_grpc.core import ipc
+from laya_grpc.core.wire import ipc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.question_wire import tokenize_request
+from laya_grpc.core.wire.question_wire import tokenize_request
 from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from stack import Stack
 
@@ -158,7 +158,7 @@ def test_a_backend_killed_with_a_request_in_flight_answers_503_at_once_and_then_
 
 
 def test_timing_header_only_when_asked_and_each_hop_covers_its_server_figures(stack):
-    from laya_grpc.core import timing
+    from laya_grpc.core.runtime import timing
     body = {"state": STATES[0], "questions": QUESTIONS}
     status, _, headers = stack.post("/v1/systemone", body)
     assert status == 200 and not any(k.lower() == "x-laya-timing" for k in headers)
@@ -268,7 +268,7 @@ def test_a_frame_over_the_message_limit_closes_only_that_connection(tmp_path):
     anything is buffered for it; the service keeps answering its other callers."""
     import socket
     import struct
-    from laya_grpc.core.rpc import MAX_MESSAGE_BYTES
+    from laya_grpc.core.wire.rpc import MAX_MESSAGE_BYTES
     started, stopped = [], []
 
     async def main():
@@ -319,10 +319,10 @@ def test_a_stale_socket_file_is_replaced_and_a_live_one_refused(tmp_path):
 
 
 def test_replicas_keep_a_lone_caller_on_one_and_spread_calls_in_flight(tmp_path):
-    """The gateway's replica picker (engine/remote.py, Replicas) over IPC: one call at a time always goes to
+    """The gateway's replica picker (engine/remote_services.py, Replicas) over IPC: one call at a time always goes to
     the first replica of the list (the others stay idle, not woken in turn); calls in flight together
     go to different replicas; once the first stops listening its calls are retried on the other."""
-    from laya_grpc.engine.remote import Replicas
+    from laya_grpc.engine.remote_services import Replicas
     from laya_proto.v1 import tokens_pb2
     seen: dict = {0: [], 1: []}
     gate = asyncio.Event()

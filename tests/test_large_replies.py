@@ -14,9 +14,9 @@ import os
 import httpx
 import pytest
 
-from laya_grpc.core import ipc
+from laya_grpc.core.wire import ipc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.question_wire import state_of, tokenize_request
+from laya_grpc.core.wire.question_wire import state_of, tokenize_request
 from laya_proto.internal.v1 import tokenizer_pb2
 from stack import Stack
 
@@ -44,7 +44,7 @@ def _same(a: dict, b: dict, tol: float = 1e-4) -> bool:
 
 
 def test_a_batch_over_the_message_limit_is_answered_state_by_state_right(stack):
-    from laya_grpc.engine.remote import reply_groups
+    from laya_grpc.engine.remote_services import reply_groups
     texts = [tokenizer_pb2.QuestionText(id=q, type="choice", instructions=v["instructions"], options=v["criteria"])
              for q, v in QUESTIONS.items()]
     states = [state_of(s) for s in STATES]

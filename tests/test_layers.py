@@ -47,7 +47,7 @@ def test_real_tree_keeps_every_contract():
     ("laya_grpc/engine/decider.py", "import laya_grpc.gateway.http_app", "laya_grpc.engine is not allowed to import laya_grpc.gateway"),
     ("laya_grpc/engine/inprocess.py", "from laya_grpc.tokenizer import encoding",
      "laya_grpc.engine is not allowed to import laya_grpc.tokenizer"),
-    ("laya_grpc/engine/remote.py", "import torch", "laya_grpc.engine is not allowed to import torch"),
+    ("laya_grpc/engine/remote_services.py", "import torch", "laya_grpc.engine is not allowed to import torch"),
     ("laya_grpc/client/client.py", "import mlx.core", "laya_grpc.client is not allowed to import mlx"),
 ])
 def test_planted_forbidden_import_fails(tmp_path, module, line, broken):

@@ -1,4 +1,4 @@
-"""Split encoding of long texts (tokenizer_svc/split_encode.py) gives exactly the whole-text ids.
+"""Split encoding of long texts (tokenizer/split_encode.py) gives exactly the whole-text ids.
 
 Random long texts (words, punctuation, digits, runs of spaces, tabs/newlines, accents composed and
 decomposed, CJK, emoji, the special-token strings) are encoded with cuts as dense as possible and
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from laya_grpc.core.questions import parse_questions
+from laya_grpc.core.decisions.questions import parse_questions
 from laya_grpc.tokenizer import split_encode
 from laya_grpc.tokenizer.encoding import EncodeJob, TextEncoder
 from laya_grpc.tokenizer.special_tokens import load_tokenizer

@@ -1,4 +1,4 @@
-"""Freed heap goes back to the OS once a service is idle after large work (core/memory.py).
+"""Freed heap goes back to the OS once a service is idle after large work (core/runtime/memory.py).
 
 The module on its own (a fresh process whose freed heap glibc keeps until `trim_heap`), the idle
 rule (`IdleTrim`: only after enough work, only when nothing is in flight, never while calls keep
@@ -17,8 +17,8 @@ import urllib.request
 import grpc
 import pytest
 
-from laya_grpc.core import memory
-from laya_grpc.core.question_wire import tokenize_request
+from laya_grpc.core.runtime import memory
+from laya_grpc.core.wire.question_wire import tokenize_request
 from laya_proto.internal.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc
 
@@ -28,7 +28,7 @@ glibc_only = pytest.mark.skipif(not memory.trim_available(), reason="malloc_trim
 
 HELD_HEAP = r"""
 import json, sys
-from laya_grpc.core import memory
+from laya_grpc.core.runtime import memory
 mb = lambda: memory.rss_bytes() / 2**20
 start = mb()
 chunks = [bytearray(64 * 1024) for _ in range(1600)]   # 100 MiB in heap-sized blocks (under the mmap threshold)

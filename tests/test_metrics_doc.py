@@ -1,4 +1,4 @@
-"""docs/metrics.md lists every metric family: exactly those laya_grpc/core/metrics.py defines, with
+"""docs/metrics.md lists every metric family: exactly those laya_grpc/core/runtime/metrics.py defines, with
 their types, and every family a live `serve --metrics` endpoint exports is among them."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import re
 import urllib.request
 
-from laya_grpc.core import metrics
+from laya_grpc.core.runtime import metrics
 from stack import ROOT, Stack, free_port
 
 BODY = {"state": "Where is my parcel?", "model": "english", "questions": {"q": {"type": "noul", "instructions": "?"}}}

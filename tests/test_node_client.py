@@ -16,7 +16,7 @@ import subprocess
 import httpx
 import pytest
 
-from laya_grpc.core.json_labels import json_key
+from laya_grpc.core.wire.json_labels import json_key
 from stack import ROOT, Stack
 
 NODE_DIR = os.path.join(ROOT, "tests", "node")

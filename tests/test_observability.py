@@ -83,7 +83,7 @@ def test_a_cancelled_grpc_handler_is_not_logged_as_an_error():
     import asyncio
     import io
     import logging
-    from laya_grpc.core import logs
+    from laya_grpc.core.runtime import logs
     logs.setup("test", "text")
     buf = io.StringIO()
     logging.getLogger().handlers[0].stream = buf
@@ -208,7 +208,8 @@ def test_batched_forward_is_recorded_in_each_trace_in_memory():
     pytest.importorskip("opentelemetry.sdk")
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from laya_grpc.core import request_scope, tracing
+    from laya_grpc.core.runtime import tracing
+    from laya_grpc.gateway import request_scope
     exporter = InMemorySpanExporter()
     tracing.use(tracing._new_provider("test", SimpleSpanProcessor(exporter)))
     try:
@@ -238,7 +239,8 @@ def test_request_span_outcome_follows_the_conventions_in_memory():
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.trace import StatusCode
-    from laya_grpc.core import request_scope, tracing
+    from laya_grpc.core.runtime import tracing
+    from laya_grpc.gateway import request_scope
     from laya_grpc.core.errors import Kind, LayaError
     exporter = InMemorySpanExporter()
     tracing.use(tracing._new_provider("test", SimpleSpanProcessor(exporter)))
@@ -263,7 +265,7 @@ def test_request_span_outcome_follows_the_conventions_in_memory():
 
 def test_resource_names_the_pod(monkeypatch):
     from laya_grpc import __version__
-    from laya_grpc.core import tracing
+    from laya_grpc.core.runtime import tracing
     monkeypatch.setenv("K8S_POD_NAME", "laya-inference-5d9f")
     monkeypatch.setenv("K8S_NAMESPACE_NAME", "laya")
     monkeypatch.delenv("K8S_NODE_NAME", raising=False)
@@ -279,7 +281,7 @@ def test_tracing_off_imports_no_sdk():
     import subprocess
     import sys
     code = ("import sys; import laya_grpc.gateway.server, laya_grpc.tokenizer.server, laya_grpc.cli.serve; "
-            "from laya_grpc.core import tracing, request_scope; "
+            "from laya_grpc.core.runtime import tracing; from laya_grpc.gateway import request_scope; "
             "tracing.setup('gateway', None)\n"
             "with request_scope.observed('http', 'decide'): pass\n"
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")

@@ -7,7 +7,7 @@ import time
 import grpc
 import pytest
 
-from laya_grpc.core import rpc
+from laya_grpc.core.wire import rpc
 from laya_grpc.client.requests import build_decide
 from laya_proto.v1 import decision_pb2_grpc
 from stack import Stack
@@ -102,7 +102,7 @@ def test_growth_trim_follows_the_low_water_mark(monkeypatch):
     while it is above by the threshold, a trim, and the wait doubles while trims return nothing
     (memory in use) and resets once one does."""
     import asyncio
-    from laya_grpc.core import memory
+    from laya_grpc.core.runtime import memory
     clock = {"t": 0.0}
     rss = {"mb": 100}
     trims = []

@@ -27,9 +27,9 @@ from safetensors.numpy import load_file  # noqa: E402
 from laya_grpc import cli  # noqa: E402
 from laya_grpc.cli.make_checkpoint import (CONDITIONINGS, PRESETS, TEMPERATURE, make_checkpoint,  # noqa: E402
                                            random_weights)
-from laya_grpc.core.checkpoint import open_checkpoint  # noqa: E402
-from laya_grpc.core.checkpoint_shapes import Dims  # noqa: E402
-from laya_grpc.core.temperatures import Temperatures  # noqa: E402
+from laya_grpc.core.checkpoints.checkpoint import open_checkpoint  # noqa: E402
+from laya_grpc.core.checkpoints.shapes import Dims  # noqa: E402
+from laya_grpc.core.decisions.temperatures import Temperatures  # noqa: E402
 from laya_grpc.inference.cuda_graphs import PackedForward  # noqa: E402
 from laya_grpc.inference.devices import torch_dtype  # noqa: E402
 from laya_grpc.inference.packing import PackedPlan  # noqa: E402

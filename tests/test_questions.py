@@ -1,4 +1,4 @@
-"""`laya_grpc.core.questions` vs upstream laya 0.4.15: every validation text, every limit, the normal form.
+"""`laya_grpc.core.decisions.questions` vs upstream laya 0.4.15: every validation text, every limit, the normal form.
 
 Upstream references: `Agent._check_question` (422 texts), `laya.serve._check_request_limits`
 (400/413 and the null-level 422, with their order), `Agent._to_internal` + `render_options` (the text
@@ -16,7 +16,7 @@ laya_serve = pytest.importorskip("laya.serve")
 HTTPException = pytest.importorskip("fastapi").HTTPException
 
 from laya_grpc.core.errors import Kind, LayaError  # noqa: E402
-from laya_grpc.core.questions import (  # noqa: E402
+from laya_grpc.core.decisions.questions import (  # noqa: E402
     MAX_TOURNAMENT_CHOICE_OPTIONS, check_request_limits, parse_questions)
 
 Agent = laya_agent.Agent

@@ -19,8 +19,8 @@ up_lang = pytest.importorskip("laya.lang")
 up_router = pytest.importorskip("laya.router")
 up_serve = pytest.importorskip("laya.serve")
 
-from laya_grpc.core import langdetect
-from laya_grpc.core import routing  # noqa: E402
+from laya_grpc.core.decisions import langdetect
+from laya_grpc.core.decisions import routing  # noqa: E402
 from laya_grpc.core.errors import Kind, LayaError  # noqa: E402
 
 # ------------------------------------------------------------------------------------ corpus

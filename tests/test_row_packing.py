@@ -1,4 +1,4 @@
-"""Row packing (inference_svc/packing.py, cuda_attention.attention_packed, LayaTorch.forward_packed)
+"""Row packing (inference/packing.py, cuda_attention.attention_packed, LayaTorch.forward_packed)
 on CPU, its Triton kernels through Triton's interpreter (TRITON_INTERPRET=1), the same kernel code
 the H200 runs.
 
@@ -28,7 +28,7 @@ from laya_grpc.inference.registry import synthetic_rows  # noqa: E402
 from laya_grpc.inference.runners import TorchRunner, resolve_pack_rows  # noqa: E402
 from laya_grpc.inference.torch_model import LayaTorch  # noqa: E402
 from laya_grpc.core.errors import LayaError  # noqa: E402
-from laya_grpc.core.packed_rows import PackedRows  # noqa: E402
+from laya_grpc.core.wire.packed_rows import PackedRows  # noqa: E402
 from test_cuda_attention import _reference  # noqa: E402  (tests/ is on sys.path under pytest)
 from test_fused_encoder import _batch  # noqa: E402
 

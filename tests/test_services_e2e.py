@@ -314,7 +314,7 @@ def test_prometheus_metrics(tiny_ckpt):
     with Stack({"english": tiny_ckpt}, extra_args=["--metrics", "127.0.0.1:%d" % port,
                                                    "--tokenizer-workers", "2"]) as s:
         q = {"u": QUESTIONS["urgent"]}
-        for _ in range(4):   # one at a time: the first idle tokenizer worker takes each (engine/remote.py)
+        for _ in range(4):   # one at a time: the first idle tokenizer worker takes each (engine/remote_services.py)
             assert s.post("/v1/systemone", {"state": STATES[0], "questions": q, "model": "english"})[0] == 200
         assert s.post("/v1/systemone", {"state": STATES[0], "questions": {"x": {"type": "zz"}}})[0] == 422
         with LayaClient(s.grpc) as c:

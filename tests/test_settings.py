@@ -1,4 +1,4 @@
-"""One configuration: each service's settings class generates its flags and variables (core/flags.py).
+"""One configuration: each service's settings class generates its flags and variables (core/runtime/flags.py).
 These check the naming scheme, precedence and sources, the deprecated spellings, upstream laya's
 variables, 'did you mean', `laya-grpc config`, what `serve` hands its children, and that nothing
 outside the settings modules reads the environment. Fast: no service is started."""
@@ -16,7 +16,7 @@ import pytest
 from laya_grpc.cli import config as config_cmd
 from laya_grpc.cli.serve import child_argvs, child_env
 from laya_grpc.cli.settings import SERVE_ONLY, ServeSettings
-from laya_grpc.core import flags
+from laya_grpc.core.runtime import flags
 from laya_grpc.gateway.settings import GatewaySettings
 from laya_grpc.inference.settings import InferenceSettings
 from laya_grpc.tokenizer.settings import TokenizerSettings
@@ -179,10 +179,10 @@ def test_serve_hands_its_children_their_settings_whole(tmp_path, monkeypatch):
     assert (got.request_timeout_s, got.max_concurrent, got.http_idle_timeout) == (7.0, 99, 12.0)
 
 
-# Where the environment may be read: the settings modules. core/flags.py holds every read (and the
+# Where the environment may be read: the settings modules. core/runtime/flags.py holds every read (and the
 # copies of the environment for child processes); gateway/settings.py reads one upstream variable
 # that only refuses to start.
-ENV_READERS = {"laya_grpc/core/flags.py", "laya_grpc/gateway/settings.py"}
+ENV_READERS = {"laya_grpc/core/runtime/flags.py", "laya_grpc/gateway/settings.py"}
 
 
 def test_nothing_outside_the_settings_modules_reads_the_environment():

@@ -85,7 +85,7 @@ def test_gateway_and_tokenizer_processes_never_import_torch_or_mlx():
     """What `laya-grpc gateway` and `laya-grpc tokenizer` load (their whole command path) stays
     free of torch and mlx; only the inference service may load them."""
     code = ("import sys; from laya_grpc import cli; import argparse; "
-            "import laya_grpc.gateway.server, laya_grpc.engine.remote, laya_grpc.gateway.grpc_api, laya_grpc.tokenizer.server, laya_grpc.cli.remote, laya_grpc.cli.serve; "
+            "import laya_grpc.gateway.server, laya_grpc.engine.remote_services, laya_grpc.gateway.grpc_api, laya_grpc.tokenizer.server, laya_grpc.cli.client_commands, laya_grpc.cli.serve; "
             "[m.add_arguments(argparse.ArgumentParser()) for m in (laya_grpc.gateway.server, laya_grpc.tokenizer.server, laya_grpc.cli.serve)]; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mlx')); print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

@@ -13,7 +13,7 @@ import pytest
 laya = pytest.importorskip("laya")
 
 from laya_grpc.core.errors import Kind, LayaError  # noqa: E402
-from laya_grpc.core.questions import parse_questions  # noqa: E402
+from laya_grpc.core.decisions.questions import parse_questions  # noqa: E402
 from laya_grpc.tokenizer.encoding import TextEncoder  # noqa: E402
 
 PRESETS = ("tiny", "tiny-ml", "tiny-par")

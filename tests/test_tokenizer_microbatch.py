@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 
 from laya_grpc.core.errors import LayaError
-from laya_grpc.core.questions import parse_questions
+from laya_grpc.core.decisions.questions import parse_questions
 from laya_grpc.tokenizer.encoding import EncodeJob, TextEncoder
 from laya_grpc.tokenizer.microbatch import MicroBatcher
 

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from laya_grpc.inference.devices import pick_device, torch_dtype  # noqa: E402
 from laya_grpc.inference.torch_model import LayaTorch  # noqa: E402
 from laya_grpc.core.errors import CheckpointError, Kind, LayaError  # noqa: E402
-from laya_grpc.core.packed_rows import PackedRows  # noqa: E402
+from laya_grpc.core.wire.packed_rows import PackedRows  # noqa: E402
 
 PRESETS = ("tiny", "tiny-ml", "tiny-par")
 TOL = 1e-4

@@ -15,8 +15,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.routing import RouteTable
-from laya_grpc.gateway.contract import parse_decide_body
+from laya_grpc.core.decisions.routing import RouteTable
+from laya_grpc.gateway.http_body import parse_decide_body
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc
 from stack import Stack, free_port
 
@@ -235,7 +235,7 @@ def test_a_status_for_a_call_that_already_ended_ends_it_as_cancelled():
     which grpc logs with a traceback at ERROR."""
     import asyncio
 
-    from laya_grpc.core import rpc
+    from laya_grpc.core.wire import rpc
 
     class EndedCall:
         async def abort(self, code, details, trailing_metadata=()):

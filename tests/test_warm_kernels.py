@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from laya_grpc.cli.warm_kernels import WarmKernelsSettings
-from laya_grpc.core import flags
+from laya_grpc.core.runtime import flags
 from laya_grpc.inference import kernel_cache
 from laya_grpc.inference.settings import InferenceSettings
 from tests.stack import ROOT

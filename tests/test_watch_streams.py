@@ -1,4 +1,4 @@
-"""Status streams share their heartbeat timers (core/lifecycle.py ChangeFeed): waiters with one
+"""Status streams share their heartbeat timers (core/runtime/lifecycle.py ChangeFeed): waiters with one
 heartbeat await one future, which the next change or tick resolves for all of them, and one
 waiter leaving does not end the others' wait. Through a real `serve`: many `Watch` streams at
 the shortest heartbeat each get their heartbeats. The cost figures: benchmarks/watch_streams.py.
@@ -10,7 +10,7 @@ import time
 
 import grpc
 
-from laya_grpc.core.lifecycle import ChangeFeed
+from laya_grpc.core.runtime.lifecycle import ChangeFeed
 from laya_proto.v1 import decision_pb2_grpc, status_pb2
 from stack import Stack
 

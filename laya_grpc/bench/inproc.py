@@ -74,7 +74,7 @@ def time_calls(fn, iters: int) -> list:
 # -------------------------------------------------------------------------------- engine
 
 def run_engine(a, out: Out) -> None:
-    from laya_grpc.core.packed_rows import PackedRows
+    from laya_grpc.core.wire.packed_rows import PackedRows
     from laya_grpc.cli.predictor import Predictor
     t0 = time.perf_counter()
     pred = Predictor(a.ckpt, device=a.device, backend=a.backend, dtype=None if a.dtype == "auto" else a.dtype)
@@ -122,7 +122,7 @@ def run_engine(a, out: Out) -> None:
 
 
 def _parse(questions):
-    from laya_grpc.core.questions import parse_questions
+    from laya_grpc.core.decisions.questions import parse_questions
     return parse_questions(questions)
 
 
@@ -135,7 +135,7 @@ def idle_gaps(a, out: Out, pred, case) -> None:
         ticks = [0]
         if keep > 0:
             enc = pred.encoder.encode_many([case.state], _parse(case.questions))
-            from laya_grpc.core.packed_rows import PackedRows
+            from laya_grpc.core.wire.packed_rows import PackedRows
             b = PackedRows.from_rows([r for e in enc for r in e.rows])
 
             def tick():
@@ -161,7 +161,7 @@ def parity(a, out: Out, pred) -> None:
     """Decision agreement and max |dp| of this engine against the CPU fp32 network (equal to upstream
     laya's CPU fp32 forward bit for bit, tests/test_torch_model_parity.py), on the same padded rows."""
     from laya_grpc.inference.runners import TorchRunner
-    from laya_grpc.core.packed_rows import PackedRows
+    from laya_grpc.core.wire.packed_rows import PackedRows
     out.rec("parity_declared", tol_dp=PARITY_TOL_DP, tie_margin=PARITY_TIE_MARGIN, reference="torch cpu float32")
     ref = TorchRunner(a.ckpt, "cpu", "float32")
     cases = named_cases() + random_cases(a.parity_n, seed=11)

@@ -19,9 +19,9 @@ import urllib.request
 
 import numpy as np
 
-from laya_grpc.core import flags
+from laya_grpc.core.runtime import flags
 
-from . import hops, raw_http
+from . import hop_timing, raw_http
 from .inputs import Case, named_cases, random_cases
 from .stats import paired_ratio, summary_ms
 
@@ -364,9 +364,9 @@ def run_service(a, rec, ckpt: str, model: str) -> None:
         for c in cases:
             rec("service", "ab", input=c.name, **grpc_against_http(s.http, s.grpc, c, model, a.iters))
         for c in cases:
-            rec("service", "hops", input=c.name, **hops.hop_breakdown(s.run_dir, "ipc", c.state, c.questions,
+            rec("service", "hops", input=c.name, **hop_timing.hop_breakdown(s.run_dir, "ipc", c.state, c.questions,
                                                                        model, a.iters))
-            rec("http", "stages", input=c.name, **hops.http_breakdown(s.http, body(c, model), a.iters))
+            rec("http", "stages", input=c.name, **hop_timing.http_breakdown(s.http, body(c, model), a.iters))
         soak = random_cases(a.soak)
         load("http", s.http, soak, model, 8, a.duration, procs=2)
         rec("service", "memory", phase="after_random_soak", children=s.children(), gpu_mb_by_pid=gpu_used_by_pids())

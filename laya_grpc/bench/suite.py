@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import flags
-from laya_grpc.core.flags import setting
+from laya_grpc.core.runtime import flags
+from laya_grpc.core.runtime.flags import setting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ("engine", "upstream", "upstream-compiled", "service", "parity", "replicas")

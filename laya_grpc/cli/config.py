@@ -8,7 +8,7 @@ import importlib
 import json
 import sys
 
-from laya_grpc.core import flags
+from laya_grpc.core.runtime import flags
 
 SERVICES = {
     "serve": ("laya_grpc.cli.settings", "ServeSettings"),

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from laya_grpc import __version__
-from laya_grpc.core import flags
-from laya_grpc.core.flags import setting
+from laya_grpc.core.runtime import flags
+from laya_grpc.core.runtime.flags import setting
 
 QUESTIONS = {"q": {"type": "choice", "instructions": "Is the customer asking for a refund?",
                    "criteria": {"yes": "refund", "no": "something else", "unsure": ""}}}

@@ -12,7 +12,7 @@ import importlib.util
 import sys
 
 from laya_grpc import __version__
-from laya_grpc.core import flags, logs
+from laya_grpc.core.runtime import flags, logs
 
 # name -> (module, one-line summary)
 COMMANDS = {
@@ -24,8 +24,8 @@ COMMANDS = {
     "make-checkpoint": ("laya_grpc.cli.make_checkpoint", "write a random-weight checkpoint in upstream's exact layout"),
     "warm-kernels": ("laya_grpc.cli.warm_kernels", "compile the GPU kernels the inference service runs into "
                                                    "--kernel-cache-dir ahead of time (image build, Job)"),
-    "decide": ("laya_grpc.cli.remote", "ask a running gateway one decision over gRPC"),
-    "watch": ("laya_grpc.cli.remote", "subscribe to a running gateway's status stream"),
+    "decide": ("laya_grpc.cli.client_commands", "ask a running gateway one decision over gRPC"),
+    "watch": ("laya_grpc.cli.client_commands", "subscribe to a running gateway's status stream"),
     "bench": ("laya_grpc.bench.suite", "benchmark upstream laya and our engine, gRPC and HTTP side by side"),
     "doctor": ("laya_grpc.cli.doctor", "print the machine, versions and devices, and time a short request per backend"),
     "config": ("laya_grpc.cli.config", "print the settings serve, gateway, inference or tokenizer would run with, "

@@ -26,9 +26,10 @@ from typing import Optional
 
 import numpy as np
 
-from laya_grpc.core import flags, synth_tokenizer
-from laya_grpc.core.flags import setting
-from laya_grpc.core.checkpoint_shapes import Dims, tensor_shapes
+from laya_grpc.core.runtime import flags
+from . import synth_tokenizer
+from laya_grpc.core.runtime.flags import setting
+from laya_grpc.core.checkpoints.shapes import Dims, tensor_shapes
 
 
 @dataclass(frozen=True)

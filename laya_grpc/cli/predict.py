@@ -17,9 +17,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Optional, TextIO
 
-from laya_grpc.core import flags
-from laya_grpc.core.flags import setting
-from laya_grpc.core.controls import LONE_SURROGATE_DETAIL, has_lone_surrogate, token_budget
+from laya_grpc.core.runtime import flags
+from laya_grpc.core.runtime.flags import setting
+from laya_grpc.core.decisions.controls import LONE_SURROGATE_DETAIL, has_lone_surrogate, token_budget
 from laya_grpc.core.errors import Kind, LayaError
 
 EPILOG = """\

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Optional, Sequence
 
-from laya_grpc.core.confidence_gate import check_min_confidence
+from laya_grpc.core.decisions.confidence_gate import check_min_confidence
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.questions import parse_questions
-from laya_grpc.core.routing import RouteTable
-from laya_grpc.core.sources import open_source
+from laya_grpc.core.decisions.questions import parse_questions
+from laya_grpc.core.decisions.routing import RouteTable
+from laya_grpc.core.checkpoints.sources import open_source
 from laya_grpc.engine.decider import Decider
 from laya_grpc.engine.inprocess import InProcessServices
 from laya_grpc.gateway.settings import GatewaySettings

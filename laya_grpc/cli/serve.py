@@ -20,9 +20,10 @@ import sys
 import tempfile
 import time
 
-from laya_grpc.core import cpu_quota, flags, ipc, metrics
+from laya_grpc.core.runtime import cpu_quota, flags, metrics
+from laya_grpc.core.wire import ipc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import install_stop_signals, setup_logging
+from laya_grpc.core.runtime.lifecycle import install_stop_signals, setup_logging
 from .settings import SERVE_ONLY, ServeSettings
 from .supervisor import Child, FatalChildExit, Supervisor
 
@@ -74,7 +75,7 @@ def child_argvs(args: argparse.Namespace, run_dir: str, env: dict | None = None)
     if n_gw > 1:
         gw.append("--reuse-port")
     for k in range(n_gw):
-        # a gateway calls the first idle backend of its list (engine/remote.py, Replicas):
+        # a gateway calls the first idle backend of its list (engine/remote_services.py, Replicas):
         # each worker gets the lists rotated by its index, so their first choices differ
         argv = gw + ["--inference", ",".join(_rotated(inf_addrs, k))]
         for t in _rotated(tok_addrs, k):
@@ -91,7 +92,7 @@ def _rotated(items: list, k: int) -> list:
 
 def local_ipc(run_dir: str, name: str) -> tuple:
     """(the child's extra flags, the gateway's address for it): its Tokenize or Infer calls go over
-    IPC (core/ipc.py); the child keeps its gRPC socket NAME.sock for health and status."""
+    IPC (core/wire/ipc.py); the child keeps its gRPC socket NAME.sock for health and status."""
     endpoint = "ipc://" + os.path.join(run_dir, name + ".ipc")
     return ["--ipc", endpoint], ipc.address(endpoint, "unix:" + os.path.join(run_dir, name + ".sock"))
 
@@ -127,7 +128,7 @@ async def announce_ready(grpc_address: str, http: str, started: float, controls:
     warm, and each worker's own warm-up done). Workers share --grpc, where a connection reaches only
     one of them, so each is watched through its own control address."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-    from laya_grpc.core import rpc
+    from laya_grpc.core.wire import rpc
     import grpc
 
     async def serving(address: str) -> None:

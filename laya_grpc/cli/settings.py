@@ -1,6 +1,6 @@
 """`laya-grpc serve`'s settings: every setting of the three services it runs, plus its own.
 
-serve hands its children their settings whole, as environment variables (core/flags.py `to_env`),
+serve hands its children their settings whole, as environment variables (core/runtime/flags.py `to_env`),
 so each child resolves exactly what serve resolved; only what differs per child (its socket, its
 device) goes on the child's command line.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core.flags import non_negative_int, positive_int, setting
-from laya_grpc.core.settings import ServiceSettings
+from laya_grpc.core.runtime.flags import non_negative_int, positive_int, setting
+from laya_grpc.core.runtime.settings import ServiceSettings
 from laya_grpc.gateway.settings import GatewayOptions
 from laya_grpc.inference.settings import EngineSettings
 from laya_grpc.tokenizer.settings import TokenizerOnlySettings

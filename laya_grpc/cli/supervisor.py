@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from laya_grpc.core.restart_counts import RESTARTS_ENV, format_restarts
+from laya_grpc.core.runtime.restart_counts import RESTARTS_ENV, format_restarts
 
 log = logging.getLogger("laya_grpc.cli.supervisor")
 
@@ -67,7 +67,7 @@ class Supervisor:
 
     async def _spawn(self, c: Child) -> None:
         # every child learns how often each was restarted so far, so a restarted gateway keeps
-        # reporting the counts instead of starting again from 0 (laya_grpc.core.restart_counts)
+        # reporting the counts instead of starting again from 0 (laya_grpc.core.runtime.restart_counts)
         env = dict(c.env)   # the child's whole environment (serve.child_env)
         env[RESTARTS_ENV] = format_restarts({k.name: k.restarts for k in self.children})
         c.proc = await asyncio.create_subprocess_exec(*c.argv, env=env, start_new_session=True,

@@ -20,9 +20,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from laya_grpc.core import flags, logs
+from laya_grpc.core.runtime import flags, logs
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.settings import CheckpointSettings
+from laya_grpc.core.runtime.settings import CheckpointSettings
 from laya_grpc.inference import kernel_cache
 from laya_grpc.inference.settings import RunnerSettings
 
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 def _check_sources(sources: dict) -> None:
     """Every checkpoint opens (files present, config valid) before any is loaded: a typo fails in a
     second, not after minutes of warming the others."""
-    from laya_grpc.core.sources import open_source
+    from laya_grpc.core.checkpoints.sources import open_source
     for name, source in sources.items():
         try:
             open_source(source)

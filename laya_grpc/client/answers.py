@@ -1,4 +1,4 @@
-"""Typed DecideResponse -> the engine's answer types (`laya_grpc.core.answers`) -> the dict
+"""Typed DecideResponse -> the engine's answer types (`laya_grpc.core.decisions.answers`) -> the dict
 `/v1/systemone` answers with (equal to the HTTP body's parsed JSON, key order included except inside
 map fields), so code written against the HTTP API ports as is. The inverse of
 `laya_grpc.gateway.typed_answer`.
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from laya_grpc.core.answers import BatchDecision, ChoiceAnswer, Decision, Gate, NoulAnswer, ScoreAnswer, Usage
-from laya_grpc.core.json_labels import json_key, label_value
-from laya_grpc.core.routing import Routing
+from laya_grpc.core.decisions.answers import BatchDecision, ChoiceAnswer, Decision, Gate, NoulAnswer, ScoreAnswer, Usage
+from laya_grpc.core.wire.json_labels import json_key, label_value
+from laya_grpc.core.decisions.routing import Routing
 from laya_proto.v1 import decision_pb2
 
 ABSTENTION_NAMES = {decision_pb2.ABSTENTION_PASSED: "passed", decision_pb2.ABSTENTION_ABSTAINED: "abstained",

@@ -24,8 +24,8 @@ from typing import Any, AsyncIterator, Callable, Iterator, Optional
 import grpc
 from grpc_status import rpc_status
 
-from laya_grpc.core import rpc
-from laya_grpc.core.calls import stream_mux
+from laya_grpc.core.wire import rpc
+from laya_grpc.core.wire.calls import stream_mux
 from laya_grpc.core.errors import BUSY_DETAIL, KIND_METADATA_KEY, Kind, LayaError
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2
 

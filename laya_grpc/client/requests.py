@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from laya_grpc.core.json_labels import INT64_MAX, INT64_MIN
+from laya_grpc.core.wire.json_labels import INT64_MAX, INT64_MIN
 from laya_proto.v1 import decision_pb2
 
 QUESTION_TYPES = {"choice": decision_pb2.QUESTION_TYPE_CHOICE, "score": decision_pb2.QUESTION_TYPE_SCORE,

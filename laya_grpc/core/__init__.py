@@ -1,2 +1,4 @@
-"""The shared core: errors, questions, decoding, routing, checkpoint files, flags and the
-internal-call machinery. It imports no service (a test enforces it) and never imports torch or mlx."""
+"""The shared core, by concern: `decisions` (upstream laya's decision semantics), `checkpoints`
+(the checkpoint format), `wire` (how the processes talk), `runtime` (what every service process
+runs on), and `errors`, the one error type. It imports no service (a test enforces it) and never
+imports torch or mlx."""

@@ -3,7 +3,7 @@
 Every layer raises `LayaError(kind, detail)`; the gateway turns it into upstream's
 `{"detail": ...}` with the kind's HTTP status (`gateway/http_app.error_response`), the gRPC
 servicers into the kind's status code with `google.rpc.Status` details
-(`laya_grpc.core.rpc.status_of`). BUSY, "busy or restarting, retry", is the one retryable kind:
+(`laya_grpc.core.wire.rpc.status_of`). BUSY, "busy or restarting, retry", is the one retryable kind:
 HTTP 503 with `Retry-After`, gRPC UNAVAILABLE (the code gRPC retry policies retry) with
 RetryInfo and `retry-after` metadata.
 `detail` texts follow upstream `laya serve` 0.4.15 wherever upstream has one.

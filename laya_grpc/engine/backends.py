@@ -5,7 +5,7 @@ gateway's readiness, /health and status stream always report what the backends s
 killed child shows as down at once, and as ready again when its replacement has warmed up.
 
 A backend given as several endpoints is watched replica by replica, each on its own channel, which
-also carries that replica's calls (remote.py `Replicas` picks one per call). A `dns:///` backend
+also carries that replica's calls (remote_services.py `Replicas` picks one per call). A `dns:///` backend
 is one balanced channel (balancing.py), watched and called through it: it reaches a SERVING
 replica whenever there is one.
 """
@@ -19,9 +19,9 @@ from typing import Optional
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from laya_grpc.core import rpc
+from laya_grpc.core.wire import rpc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import ChangeFeed
+from laya_grpc.core.runtime.lifecycle import ChangeFeed
 from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc, tokenizer_pb2
 from laya_proto.v1 import status_pb2
 

@@ -23,7 +23,8 @@ from typing import Awaitable, Callable, Optional
 
 import grpc
 
-from laya_grpc.core import metrics, rpc
+from laya_grpc.core.runtime import metrics
+from laya_grpc.core.wire import rpc
 from laya_grpc.core.errors import Kind, LayaError
 
 RETRY_POLICY = {

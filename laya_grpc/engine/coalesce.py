@@ -24,8 +24,8 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from laya_grpc.core import metrics, request_id, tracing
-from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.core.runtime import metrics, request_id, tracing
+from laya_grpc.core.wire.packed_rows import PackedRows
 
 # (request id, traceparent) of each request whose rows the Infer call being made carries
 _ORIGINS: contextvars.ContextVar = contextvars.ContextVar("laya_infer_origins", default=None)

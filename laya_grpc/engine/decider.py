@@ -1,7 +1,7 @@
 """The decision flow behind both front ends: route -> tokenize -> infer -> decode -> assemble.
 
 Transport-free: it takes the typed requests of `laya_grpc.engine.requests` and returns typed
-answers (`laya_grpc.core.answers`): the HTTP front renders them to upstream `laya serve` 0.4.15's
+answers (`laya_grpc.core.decisions.answers`): the HTTP front renders them to upstream `laya serve` 0.4.15's
 JSON, the gRPC front packs them into its messages. Each step's failure is a LayaError from the layer
 that found it.
 
@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Optional, Protocol, Sequence
 
-from laya_grpc.core import request_id, timing, tracing
-from laya_grpc.core.answers import EMPTY, BatchDecision, Decision
-from laya_grpc.core.confidence_gate import Threshold
-from laya_grpc.core.decode import decode_answer
-from laya_grpc.core.questions import Question
-from laya_grpc.core.routing import RouteTable, Routing, route
-from laya_grpc.core.temperatures import Temperatures
+from laya_grpc.core.runtime import request_id, timing, tracing
+from laya_grpc.core.decisions.answers import EMPTY, BatchDecision, Decision
+from laya_grpc.core.decisions.confidence_gate import Threshold
+from laya_grpc.core.decisions.decode import decode_answer
+from laya_grpc.core.decisions.questions import Question
+from laya_grpc.core.decisions.routing import RouteTable, Routing, route
+from laya_grpc.core.decisions.temperatures import Temperatures
 
 from .requests import BatchRequest, Controls, DecideRequest
 from .services import Services

@@ -2,7 +2,7 @@
 
 `--tokenizer` and `--inference` take `HOST:PORT`, `unix:/path` (or `/path.sock`), comma lists of
 those (the flag may also be repeated), and `dns:///NAME:PORT`. Each endpoint is a replica with its
-own channel and call stream (remote.py `Replicas` picks one per call); a `dns:///` name becomes
+own channel and call stream (remote_services.py `Replicas` picks one per call); a `dns:///` name becomes
 one gRPC channel that gRPC itself balances over the replicas (balancing.py). A host name inside a
 list is resolved once, at start-up; a name whose addresses change (a Kubernetes headless Service)
 belongs in `dns:///`, which gRPC re-resolves.

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Optional, Sequence
 
-from laya_grpc.core.checkpoint import Checkpoint
+from laya_grpc.core.checkpoints.checkpoint import Checkpoint
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.temperatures import Temperatures
+from laya_grpc.core.wire.packed_rows import PackedRows
+from laya_grpc.core.decisions.temperatures import Temperatures
 from .services import Encoded, InferResult
 
 # A forward of more tokens than this is started without waiting for it (`start_rows`: queued on the

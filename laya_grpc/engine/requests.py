@@ -1,13 +1,13 @@
 """What the engine answers: one state or a batch of states, one validated question set, the
-call's controls. The fronts build these from an HTTP body (gateway/contract.py) or a `Decide`
+call's controls. The fronts build these from an HTTP body (gateway/http_body.py) or a `Decide`
 message (gateway/typed_request.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from laya_grpc.core.confidence_gate import Threshold
-from laya_grpc.core.questions import Question
+from laya_grpc.core.decisions.confidence_gate import Threshold
+from laya_grpc.core.decisions.questions import Question
 
 
 @dataclass

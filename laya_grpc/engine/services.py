@@ -1,7 +1,7 @@
 """What the answer loop needs from the tokenizer and inference services.
 
 The decision logic (`Decider`) only sees this interface. Two implementations:
-`laya_grpc.engine.remote.RemoteServices` over the internal contract (unix sockets in `laya-grpc
+`laya_grpc.engine.remote_services.RemoteServices` over the internal contract (unix sockets in `laya-grpc
 serve`, gRPC across hosts), and `laya_grpc.engine.inprocess.InProcessServices` with the tokenizer and the network
 in the calling process (`laya-grpc predict`, `Predictor`, contract tests without processes).
 Types on this boundary are `PackedRows` and numpy arrays, so the engine never imports torch or mlx.
@@ -13,9 +13,9 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from laya_grpc.core.answers import Usage
-from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.temperatures import Temperatures
+from laya_grpc.core.decisions.answers import Usage
+from laya_grpc.core.wire.packed_rows import PackedRows
+from laya_grpc.core.decisions.temperatures import Temperatures
 
 
 @dataclass

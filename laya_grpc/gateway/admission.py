@@ -50,13 +50,13 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import memory, metrics
+from laya_grpc.core.runtime import memory, metrics
 from laya_grpc.core.errors import BUSY_DETAIL, RETRY_DELAY_S, Kind, LayaError
 
 from laya_grpc.engine import deadline
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
-# request bytes after which an idle gateway gives freed heap back (core/memory.py): a 2 MiB body is
+# request bytes after which an idle gateway gives freed heap back (core/runtime/memory.py): a 2 MiB body is
 # parsed into many objects and copied into the tokenizer's request, and glibc keeps what they free
 TRIM_AFTER_BYTES = 1024 * 1024
 _timeout = getattr(asyncio, "timeout", None)   # Python 3.11+; 3.10 (still supported) uses wait_for

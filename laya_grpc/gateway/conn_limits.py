@@ -5,7 +5,7 @@
   connection must finish its HTTP/2 handshake within `HANDSHAKE_TIMEOUT_S` (a silent TCP
   connection holds a descriptor for that long, no longer); one without calls for `MAX_IDLE_S` is
   sent GOAWAY; keep-alive pings find dead peers; at most `MAX_STREAMS` concurrent streams per
-  connection. Pings are answered and never end a connection (core/rpc.py: a strike limit ended our
+  connection. Pings are answered and never end a connection (core/wire/rpc.py: a strike limit ended our
   own clients' channels with "too_many_pings"); each costs one small frame.
 - HTTP (`IdleConnections`, used by http_server.GuardedHttpTools): past `--http-max-connections`,
   a new connection sheds the oldest one that holds no request (silent since it opened, or kept
@@ -15,7 +15,7 @@
   and both caps are lowered to fit it with room for the backend channels, so the caps bind before
   the process runs out of descriptors.
 - Memory: what a flood of connections allocated is freed when they close, but glibc keeps it;
-  the heap is trimmed once RSS grew by 16 MiB since the last trim (core/memory.py GrowthTrim).
+  the heap is trimmed once RSS grew by 16 MiB since the last trim (core/runtime/memory.py GrowthTrim).
 - Should the HTTP accept loop run out anyway, asyncio stops accepting for a second and retries;
   its log line ("socket.accept() out of system resource", once per pending connection, up to
   2,048 a second) is folded by `quiet_accept_errors` into one warning a minute with a count.
@@ -31,7 +31,7 @@ import time
 import weakref
 from typing import Optional
 
-from laya_grpc.core import memory, metrics
+from laya_grpc.core.runtime import memory, metrics
 
 log = logging.getLogger("laya_grpc.gateway.conn_limits")
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import time
 
-from laya_grpc.core import calls, logs, request_id, request_scope, rpc
-from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat
+from laya_grpc.core.runtime import logs, request_id
+from laya_grpc.core.wire import calls, rpc
+from . import request_scope
+from laya_grpc.core.runtime.lifecycle import ChangeFeed, clamp_heartbeat
 from laya_proto.v1 import decision_pb2, decision_pb2_grpc, status_pb2, tokens_pb2
 
 from laya_grpc.engine import deadline
@@ -23,7 +25,7 @@ from laya_grpc.engine.decider import Decider
 from laya_grpc.engine.requests import Controls
 
 from .admission import Ticket, rows_of
-from .contract import parse_batch, parse_decide
+from .http_body import parse_batch, parse_decide
 from .policy import Policy, bearer_of
 from .readiness import Readiness
 from .render import render_json

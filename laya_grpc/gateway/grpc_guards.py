@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import grpc
 
-from laya_grpc.core import metrics, rpc
+from laya_grpc.core.runtime import metrics
+from laya_grpc.core.wire import rpc
 from laya_grpc.core.errors import Kind, LayaError
 from laya_proto.v1 import decision_pb2
 

@@ -4,7 +4,7 @@ Handlers stay tiny; everything that can go wrong is a LayaError turned into `{"d
 with the kind's status by one handler. Per decision request, in upstream's order, through the
 gateway's `Policy` (policy.py): bearer auth (401, before anything else, even when saturated) ->
 an admission slot, waiting in the bounded queue (past it 503 + Retry-After: 1) -> capped,
-time-limited body read (413/408) -> `laya_grpc.gateway.contract` parsing -> the request's rows
+time-limited body read (413/408) -> `laya_grpc.gateway.http_body` parsing -> the request's rows
 from the admission budget -> the decider -> JSON rendering (a NaN there is upstream's 422).
 Timing headers go on 200s of the decision routes only.
 
@@ -25,14 +25,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from laya_grpc.core import logs, metrics, request_scope, timing
+from laya_grpc.core.runtime import logs, metrics, timing
+from . import request_scope
 from laya_grpc.core.errors import RETRY_AFTER_HEADER, Kind, LayaError
 
 from laya_grpc.engine import deadline
 from laya_grpc.engine.decider import Decider
 
 from .admission import read_body, rows_of
-from .contract import parse_batch_body, parse_decide_body
+from .http_body import parse_batch_body, parse_decide_body
 from .policy import Policy
 from .render import render_json
 from .settings import GatewaySettings

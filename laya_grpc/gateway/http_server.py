@@ -26,7 +26,7 @@ from typing import Optional
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from laya_grpc.core import metrics
+from laya_grpc.core.runtime import metrics
 
 from .conn_limits import IdleConnections
 from .settings import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, GatewayOptions

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import re
 
-from laya_grpc.core import metrics, rpc
-from laya_grpc.core.lifecycle import ChangeFeed
+from laya_grpc.core.runtime import metrics
+from laya_grpc.core.wire import rpc
+from laya_grpc.core.runtime.lifecycle import ChangeFeed
 from laya_proto.v1 import decision_pb2, status_pb2
 
 from .warmup import warm_up

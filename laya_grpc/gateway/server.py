@@ -11,15 +11,16 @@ import logging
 import sys
 import time
 
-from laya_grpc.core import draining, flags, metrics, rpc
+from laya_grpc.core.runtime import draining, flags, metrics
+from laya_grpc.core.wire import rpc
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import ChangeFeed, install_stop_signals, setup_observability
-from laya_grpc.core.restart_counts import seed_backend_restarts
-from laya_grpc.core.routing import RouteTable
+from laya_grpc.core.runtime.lifecycle import ChangeFeed, install_stop_signals, setup_observability
+from laya_grpc.core.runtime.restart_counts import seed_backend_restarts
+from laya_grpc.core.decisions.routing import RouteTable
 from laya_proto.v1 import decision_pb2_grpc
 from laya_grpc.engine.decider import Decider
 from laya_grpc.engine.endpoints import parse_target, split_entries
-from laya_grpc.engine.remote import RemoteServices
+from laya_grpc.engine.remote_services import RemoteServices
 
 from . import conn_limits
 from .admission import Admission

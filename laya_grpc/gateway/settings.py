@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from laya_grpc.core.flags import USE_DEFAULT, non_negative_int, positive_int, positive_seconds, setting
-from laya_grpc.core.settings import (ServiceSettings, upstream_as_is, upstream_bool, upstream_positive_int,
+from laya_grpc.core.runtime.flags import USE_DEFAULT, non_negative_int, positive_int, positive_seconds, setting
+from laya_grpc.core.runtime.settings import (ServiceSettings, upstream_as_is, upstream_bool, upstream_positive_int,
                                     upstream_seconds, upstream_text)
 
 from .admission import Limits

@@ -1,4 +1,4 @@
-"""The engine's typed answers (`laya_grpc.core.answers`) -> DecideResponse messages, without JSON.
+"""The engine's typed answers (`laya_grpc.core.decisions.answers`) -> DecideResponse messages, without JSON.
 
 Each value the HTTP answer renders lands in its typed field, and a field the HTTP answer leaves out
 stays unset (LAYA_JEV_STRICT answers, an empty question set, a route without detection). A
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from laya_grpc.core.answers import MODEL_TAG, BatchDecision, ChoiceAnswer, Decision, NoulAnswer, ScoreAnswer
-from laya_grpc.core.confidence_gate import ABSTAINED, PASSED, UNEVALUATED
+from laya_grpc.core.decisions.answers import MODEL_TAG, BatchDecision, ChoiceAnswer, Decision, NoulAnswer, ScoreAnswer
+from laya_grpc.core.decisions.confidence_gate import ABSTAINED, PASSED, UNEVALUATED
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.json_labels import set_label
-from laya_grpc.core.routing import Routing
+from laya_grpc.core.wire.json_labels import set_label
+from laya_grpc.core.decisions.routing import Routing
 from laya_proto.v1 import decision_pb2
 
 from .render import NAN_DETAIL

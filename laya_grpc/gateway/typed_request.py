@@ -1,6 +1,6 @@
 """Typed gRPC requests -> the decoded `/v1/systemone` body, without JSON text in between.
 
-The body then goes through the HTTP route's own checks (`contract.parse_decide` / `parse_batch`),
+The body then goes through the HTTP route's own checks (`http_body.parse_decide` / `parse_batch`),
 so every rule and error text is upstream's. What only the typed form can get wrong (a request
 that sets conflicting fields, a label with no value, a criterion that does not fit its question
 type) fails here with INVALID_ARGUMENT and the path of the field at fault. JSON text is parsed
@@ -13,13 +13,13 @@ import json
 from typing import Any
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.json_labels import label_value
-from laya_grpc.core.logs import clip_repr
-from laya_grpc.core.questions import question_path
+from laya_grpc.core.wire.json_labels import label_value
+from laya_grpc.core.runtime.logs import clip_repr
+from laya_grpc.core.decisions.questions import question_path
 from laya_proto.v1 import decision_pb2
 
 from .admission import MAX_BODY_BYTES, TOO_LARGE_DETAIL
-from .contract import may_hold_lone_surrogate, load_json
+from .http_body import may_hold_lone_surrogate, load_json
 
 TYPE_NAMES = {decision_pb2.QUESTION_TYPE_CHOICE: "choice", decision_pb2.QUESTION_TYPE_SCORE: "score",
               decision_pb2.QUESTION_TYPE_NOUL: "noul"}

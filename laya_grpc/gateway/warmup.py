@@ -11,7 +11,7 @@ import json
 import logging
 import time
 
-from laya_grpc.core import memory
+from laya_grpc.core.runtime import memory
 
 log = logging.getLogger("gateway")
 

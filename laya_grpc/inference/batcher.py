@@ -8,7 +8,7 @@ The budget counts tokens as the runner will really run them (packed: the real to
 token bucket; padded: rows x longest, rounded to its CUDA graph buckets), so a batch never lands in
 a shape that was not captured during warmup.
 
-Fairness (turns, core/turns.py): a forward never holds more than the token budget, and once a
+Fairness (turns, inference/turns.py): a forward never holds more than the token budget, and once a
 checkpoint's forwards have been seen to take long (at least half a turn), no more than about one
 turn of work at the speed those forwards showed. A request larger than that runs one part per
 forward: its first rows, then the rest goes back to the end of the queue, behind the requests
@@ -47,10 +47,10 @@ from typing import Callable
 
 import numpy as np
 
-from laya_grpc.core import metrics, request_id
+from laya_grpc.core.runtime import metrics, request_id
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.turns import TURN_MS, DeviceSpeed
+from laya_grpc.core.wire.packed_rows import PackedRows
+from .turns import TURN_MS, DeviceSpeed
 
 from .faults import FAULTS
 

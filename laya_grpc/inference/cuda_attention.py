@@ -38,7 +38,7 @@ variant: dtype, H, hd, FULL/SLIDING and the stage count, so four variants per mo
 compiles).
 
 Packed rows (`attention_packed`, VARLEN): the same kernel over several rows laid end to end in one
-token stream (inference_svc/packing.py). A block table gives each program its (segment, first query);
+token stream (inference/packing.py). A block table gives each program its (segment, first query);
 a segment's tokens are `len` from `start`, its positions count from its own start, and its keys are
 its own tokens only, so the masks above hold per segment and no padding exists between rows. `rope`
 0 (the decision head's layers) skips the rotation: a runtime flag, not a constexpr, so the head's

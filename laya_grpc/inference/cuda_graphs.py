@@ -28,7 +28,7 @@ from typing import Callable, Hashable, Optional
 import numpy as np
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.core.wire.packed_rows import PackedRows
 
 from .packing import FIELDS, fill
 from .runner_protocol import Started

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import cpu_quota, flags
+from laya_grpc.core.runtime import cpu_quota, flags
 from laya_grpc.core.errors import Kind, LayaError
 
 log = logging.getLogger("laya_grpc.inference.devices")
@@ -85,7 +85,7 @@ def _pick_torch(requested: str, require: bool) -> DevicePick:
 @functools.lru_cache(maxsize=None)
 def configure_cpu_threads() -> int:
     """torch's CPU thread pools sized to the CPUs this process may use (affinity mask and cgroup
-    quota, core/cpu_quota.py), not the host's cores, with OpenMP threads that sleep while they
+    quota, core/runtime/cpu_quota.py), not the host's cores, with OpenMP threads that sleep while they
     wait instead of spinning. The OpenMP settings take effect only when torch is not imported yet
     (here: the first device pick of a service); OMP_NUM_THREADS / OMP_WAIT_POLICY set by the
     operator win. Returns the intra-op thread count."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from laya_grpc.core import flags
+from laya_grpc.core.runtime import flags
 
 ENV = "LAYA_TEST_FAULTS"
 

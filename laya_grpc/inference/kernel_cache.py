@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import flags
+from laya_grpc.core.runtime import flags
 
 log = logging.getLogger("laya_grpc.inference.kernel_cache")
 

@@ -3,7 +3,7 @@
 Same maths as upstream laya 0.4.15 `DecisionModel` over transformers' `ModernBertModel`
 (sdpa attention), written as plain functions over the checkpoint's own tensors: `mx.load` reads
 `model.safetensors` directly, so there is no conversion step and no second weight format to
-keep in sync. The configs are parsed by `laya_grpc.core.netspec`, the parser `open_checkpoint` uses.
+keep in sync. The configs are parsed by `laya_grpc.core.checkpoints.model_shape`, the parser `open_checkpoint` uses.
 
 Precision choices mirror what upstream's torch model does in the same dtype: RoPE is applied in
 float32 and cast back (transformers' `apply_rotary_pos_emb`), attention softmax runs in float32
@@ -20,9 +20,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from laya_grpc.core.checkpoint_shapes import tensor_shapes
+from laya_grpc.core.checkpoints.shapes import tensor_shapes
 from laya_grpc.core.errors import CheckpointError, Kind, LayaError
-from laya_grpc.core.netspec import NetSpec, read_net_spec
+from laya_grpc.core.checkpoints.model_shape import ModelShape, read_model_shape
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16}
 _HEAD_LN_EPS = 1e-5          # nn.TransformerEncoderLayer / nn.LayerNorm default in the decision head
@@ -39,7 +39,7 @@ def _rotate_half_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
 class LayaMLX:
     """Upstream `DecisionModel` forward in MLX. Build with `from_checkpoint`; call `forward`."""
 
-    def __init__(self, weights: Dict[str, mx.array], spec: NetSpec, dtype: str, compile: bool = False):
+    def __init__(self, weights: Dict[str, mx.array], spec: ModelShape, dtype: str, compile: bool = False):
         self.w = weights
         self.spec = spec
         self.dtype = dtype
@@ -52,7 +52,7 @@ class LayaMLX:
         """Load `path/model.safetensors` as is; parameters are cast once to `dtype` (float32|float16)."""
         if dtype not in DTYPES:
             raise LayaError(Kind.INVALID, "MLX dtype must be one of %s, got %r" % (", ".join(DTYPES), dtype))
-        spec = read_net_spec(path)
+        spec = read_model_shape(path)
         wpath = os.path.join(path, "model.safetensors")
         if not os.path.isfile(wpath):
             raise CheckpointError(wpath, "file is missing")
@@ -66,7 +66,7 @@ class LayaMLX:
         return cls(weights, spec, dtype, compile=compile)
 
     @staticmethod
-    def _check_weights(wpath: str, w: Dict[str, mx.array], spec: NetSpec) -> None:
+    def _check_weights(wpath: str, w: Dict[str, mx.array], spec: ModelShape) -> None:
         """Upstream's strict load: exactly the tensors the configs imply, each with its shape."""
         want = tensor_shapes(spec.dims)
         missing = sorted(set(want) - set(w))

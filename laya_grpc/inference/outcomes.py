@@ -19,7 +19,7 @@ import contextvars
 import logging
 from typing import Awaitable, Callable, Optional
 
-from laya_grpc.core import metrics
+from laya_grpc.core.runtime import metrics
 
 log = logging.getLogger("laya_grpc.inference.health")
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.core.wire.packed_rows import PackedRows
 
 # total tokens of a packed batch: fine steps where one row lands, coarser ones for batches
 PACKED_TOKEN_BUCKETS = (32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024,

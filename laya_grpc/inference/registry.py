@@ -17,12 +17,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from laya_grpc.core import memory, metrics
+from laya_grpc.core.runtime import memory, metrics
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.checkpoint import file_sha256
-from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.sources import open_source
-from laya_grpc.core.temperatures import Temperatures
+from laya_grpc.core.checkpoints.checkpoint import file_sha256
+from laya_grpc.core.wire.packed_rows import PackedRows
+from laya_grpc.core.checkpoints.sources import open_source
+from laya_grpc.core.decisions.temperatures import Temperatures
 from laya_proto.v1 import status_pb2
 
 from .devices import DevicePick
@@ -38,7 +38,7 @@ class Slot:
     source: str
     state: int = S.STATE_CONFIGURED
     detail: str = ""
-    ckpt: object = None               # laya_grpc.core.checkpoint.Checkpoint
+    ckpt: object = None               # laya_grpc.core.checkpoints.checkpoint.Checkpoint
     runner: object = None
     fingerprint: str = ""
     sha256: str = ""

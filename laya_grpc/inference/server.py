@@ -15,11 +15,12 @@ import weakref
 
 import numpy as np
 
-from laya_grpc.core import draining, flags, ipc, logs, memory, metrics, request_id, rpc, tracing
-from laya_grpc.core.calls import serve_calls
+from laya_grpc.core.runtime import draining, flags, logs, memory, metrics, request_id, tracing
+from laya_grpc.core.wire import ipc, rpc
+from laya_grpc.core.wire.calls import serve_calls
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_observability
-from laya_grpc.core.packed_rows import PackedRows
+from laya_grpc.core.runtime.lifecycle import ChangeFeed, clamp_heartbeat, install_stop_signals, setup_observability
+from laya_grpc.core.wire.packed_rows import PackedRows
 from laya_proto.internal.v1 import inference_pb2, inference_pb2_grpc
 from laya_proto.v1 import status_pb2, tokens_pb2
 
@@ -34,7 +35,7 @@ from .settings import InferenceSettings
 log = logging.getLogger("laya_grpc.inference")
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 S = status_pb2
-# tokens after which an idle inference service gives freed heap back (core/memory.py): a CPU forward's
+# tokens after which an idle inference service gives freed heap back (core/runtime/memory.py): a CPU forward's
 # activations are freed to glibc, which keeps them (the CUDA caching allocator is a separate, device cache)
 TRIM_AFTER_TOKENS = 16384
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from laya_grpc.core.flags import USE_DEFAULT, positive_int, setting
-from laya_grpc.core.settings import ServiceSettings, upstream_positive_int
+from laya_grpc.core.runtime.flags import USE_DEFAULT, positive_int, setting
+from laya_grpc.core.runtime.settings import ServiceSettings, upstream_positive_int
 
 LISTEN = "127.0.0.1:50052"
 

@@ -1,6 +1,6 @@
 """The Laya network (ModernBERT encoder + typed decision head) in plain torch.
 
-Built straight from a checkpoint's `model.safetensors` + its configs (parsed by `laya_grpc.core.netspec`,
+Built straight from a checkpoint's `model.safetensors` + its configs (parsed by `laya_grpc.core.checkpoints.model_shape`,
 as `open_checkpoint` parses them) so the service needs neither `transformers` nor `laya`. The maths follow upstream laya 0.4.15 `DecisionModel`
 over transformers 5.24 `ModernBertModel` (sdpa) op for op, so CPU fp32 matches to float
 rounding (see tests/test_torch_model_parity.py). Laid out for speed: one fused Wqkv matmul,
@@ -17,10 +17,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.netspec import FULL, SLIDING, NetSpec, read_net_spec
+from laya_grpc.core.checkpoints.model_shape import FULL, SLIDING, ModelShape, read_model_shape
 from .weights import load_weights
 
-# encoder/config.json `dtype` (NetSpec.encoder_dtype) -> the torch dtype upstream builds the encoder in
+# encoder/config.json `dtype` (ModelShape.encoder_dtype) -> the torch dtype upstream builds the encoder in
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -41,7 +41,7 @@ class _Mlp(nn.Module):
 
 
 class _EncoderLayer(nn.Module):
-    def __init__(self, spec: NetSpec, first: bool):
+    def __init__(self, spec: ModelShape, first: bool):
         super().__init__()
         d = spec.hidden_size
         # layer 0 has no attn_norm (ModernBERT: the embedding norm already normalised its input)
@@ -52,14 +52,14 @@ class _EncoderLayer(nn.Module):
 
 
 class _Embeddings(nn.Module):
-    def __init__(self, spec: NetSpec):
+    def __init__(self, spec: ModelShape):
         super().__init__()
         self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps, bias=False)
 
 
 class _Encoder(nn.Module):
-    def __init__(self, spec: NetSpec):
+    def __init__(self, spec: ModelShape):
         super().__init__()
         self.embeddings = _Embeddings(spec)
         self.layers = nn.ModuleList(_EncoderLayer(spec, i == 0) for i in range(spec.num_layers))
@@ -122,7 +122,7 @@ class _Head(nn.Module):
 class LayaTorch(nn.Module):
     """DecisionModel.forward without transformers: (option logits [B,K] fp32, act logits [B,n_act] fp32)."""
 
-    def __init__(self, spec: NetSpec):
+    def __init__(self, spec: ModelShape):
         super().__init__()
         self.spec = spec
         d = spec.hidden_size
@@ -153,7 +153,7 @@ class LayaTorch(nn.Module):
         devices.py); the scorer and the act head stay float32 (a few rows a request: precision.py).
         """
         ckpt_dir = os.fspath(getattr(ckpt, "path", ckpt))
-        spec = read_net_spec(ckpt_dir)
+        spec = read_model_shape(ckpt_dir)
         with torch.device("meta"), _no_param_init():
             model = cls(spec)
         enc_dtype = TORCH_DTYPES[spec.encoder_dtype] if dtype is None else dtype
@@ -355,7 +355,7 @@ class LayaTorch(nn.Module):
 
     def forward_packed(self, ids, tok_qtype, starts, lengths, blk_seg, blk_m0, marker_pos, marker_mask,
                        max_len: int):
-        """`forward` over packed rows (inference_svc/packing.py): rows laid end to end in one token
+        """`forward` over packed rows (inference/packing.py): rows laid end to end in one token
         stream, each a segment that attends only within itself, positions from its own start.
 
         ids, tok_qtype [T]; starts, lengths [S+1] (slot S empty); blk_seg, blk_m0: the attention block

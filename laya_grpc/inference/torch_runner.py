@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.jsonfile import read_json_object
+from laya_grpc.core.checkpoints.jsonfile import read_json_object
 
 from .devices import torch_dtype
 from .kernel_choice import resolve_kernels, resolve_pack_rows

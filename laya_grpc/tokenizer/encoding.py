@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.answers import OptionUsage, Usage
-from laya_grpc.core.question_wire import StateText, state_of
-from laya_grpc.core.questions import Question
+from laya_grpc.core.decisions.answers import OptionUsage, Usage
+from laya_grpc.core.wire.question_wire import StateText, state_of
+from laya_grpc.core.decisions.questions import Question
 
 from .special_tokens import load_tokenizer
 from .split_encode import FastEncoder

@@ -10,8 +10,8 @@ import asyncio
 from concurrent.futures import Executor
 from typing import Optional
 
-from laya_grpc.core import metrics
-from laya_grpc.core.question_wire import StateText
+from laya_grpc.core.runtime import metrics
+from laya_grpc.core.wire.question_wire import StateText
 
 from .encoding import EncodeJob, TextEncoder
 

@@ -14,13 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import draining, flags, ipc, logs, memory, metrics, request_id, rpc, tracing
-from laya_grpc.core.calls import serve_calls
+from laya_grpc.core.runtime import draining, flags, logs, memory, metrics, request_id, tracing
+from laya_grpc.core.wire import ipc, rpc
+from laya_grpc.core.wire.calls import serve_calls
 from laya_grpc.core.errors import Kind, LayaError
-from laya_grpc.core.lifecycle import install_stop_signals, setup_observability
-from laya_grpc.core.packed_rows import PackedRows
-from laya_grpc.core.question_wire import StateText, question_from_text
-from laya_grpc.core.sources import open_source
+from laya_grpc.core.runtime.lifecycle import install_stop_signals, setup_observability
+from laya_grpc.core.wire.packed_rows import PackedRows
+from laya_grpc.core.wire.question_wire import StateText, question_from_text
+from laya_grpc.core.checkpoints.sources import open_source
 from laya_proto.internal.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from laya_proto.v1 import tokens_pb2
 
@@ -30,13 +31,13 @@ from .settings import TokenizerSettings
 
 log = logging.getLogger("laya_grpc.tokenizer")
 SERVICE_NAME = tokenizer_pb2.DESCRIPTOR.services_by_name["TokenizerService"].full_name
-# characters of state and question JSON after which an idle tokenizer gives freed heap back (core/memory.py):
+# characters of state and question JSON after which an idle tokenizer gives freed heap back (core/runtime/memory.py):
 # encoding takes many times its input's size at its peak (ten 2 MiB batches left 46 MB behind)
 TRIM_AFTER_CHARS = 256 * 1024
 
 
 @dataclass
-class LoadedTokenizer:
+class ServedTokenizer:
     name: str
     encoder: TextEncoder
     max_len: int
@@ -52,7 +53,7 @@ def load_tokenizers(sources: dict) -> dict:
         parallel = ckpt.parallel
         enc = TextEncoder(ckpt.tokenizer_dir, max_len=int(ckpt.max_len), head_max_len=int(ckpt.head_max_len),
                           parallel_layout=parallel)
-        out[name] = LoadedTokenizer(name, enc, int(ckpt.max_len), int(ckpt.head_max_len), parallel)
+        out[name] = ServedTokenizer(name, enc, int(ckpt.max_len), int(ckpt.head_max_len), parallel)
         log.info("tokenizer %s ready (%s, fingerprint %s)", name, ckpt.tokenizer_dir, enc.fingerprint[:12])
     return out
 
@@ -67,7 +68,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServiceServicer):
                                     TRIM_AFTER_CHARS, metrics.TOKENIZER_HEAP_TRIMS)
         self._calls = {True: metrics.TOKENIZER_CALLS.labels("yes"), False: metrics.TOKENIZER_CALLS.labels("no")}
 
-    def _get(self, name: str) -> LoadedTokenizer:
+    def _get(self, name: str) -> ServedTokenizer:
         tok = self.tokenizers.get(name)
         if tok is None:
             if not self.tokenizers:   # still loading: a client that ignores health (or a restart raced it) may retry

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from laya_grpc.core import cpu_quota
-from laya_grpc.core.flags import positive_int, setting
-from laya_grpc.core.settings import ServiceSettings
+from laya_grpc.core.runtime import cpu_quota
+from laya_grpc.core.runtime.flags import positive_int, setting
+from laya_grpc.core.runtime.settings import ServiceSettings
 
 LISTEN = "127.0.0.1:50053"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tokenizers import AddedToken, Tokenizer
 
 from laya_grpc.core.errors import CheckpointError
-from laya_grpc.core.jsonfile import read_json_object
+from laya_grpc.core.checkpoints.jsonfile import read_json_object
 
 # Classes whose transformers-5 tokenizer is exactly the `tokenizer.json` backend (laya's own
 # `_fix_tokenizer_config` rewrites "TokenizersBackend"/missing to "PreTrainedTokenizerFast").
@@ -27,7 +27,7 @@ _NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_
 
 
 @dataclass(frozen=True)
-class LoadedTokenizer:
+class ResolvedTokenizer:
     tokenizer: Tokenizer
     fingerprint: str          # sha256 of tokenizer.json bytes
     cls_token: str
@@ -49,7 +49,7 @@ def _content(value) -> str | None:
     return str(value)
 
 
-def load_tokenizer(tokenizer_dir: str) -> LoadedTokenizer:
+def load_tokenizer(tokenizer_dir: str) -> ResolvedTokenizer:
     """Parse `tokenizer_dir` into a ready `Tokenizer` plus its resolved special tokens."""
     tok_file = os.path.join(tokenizer_dir, "tokenizer.json")
     cfg_file = os.path.join(tokenizer_dir, "tokenizer_config.json")
@@ -106,7 +106,7 @@ def load_tokenizer(tokenizer_dir: str) -> LoadedTokenizer:
     tok.no_truncation()
     tok.no_padding()
     tok.encode_special_tokens = bool(cfg.get("split_special_tokens", False))
-    return LoadedTokenizer(
+    return ResolvedTokenizer(
         tokenizer=tok, fingerprint=hashlib.sha256(raw).hexdigest(),
         cls_token=strings["cls_token"], sep_token=strings["sep_token"],
         pad_token=strings["pad_token"], mask_token=strings["mask_token"],

@@ -52,7 +52,7 @@ from typing import Optional
 
 from tokenizers import Tokenizer
 
-from laya_grpc.core import cpu_quota, flags
+from laya_grpc.core.runtime import cpu_quota, flags
 
 log = logging.getLogger("laya_grpc.tokenizer")
 
