@@ -117,13 +117,21 @@ def _call_with_retries(call: Callable[[float], Any], timeout: float, address: st
             return call(backoff.left())
         except grpc.RpcError as e:
             err, retryable, hint = _classify(e, address)
-        pause = backoff.pause(hint) if retryable else None
-        if pause is None:
-            raise err
-        if hint:
-            hold.hold(pause)
-        else:
+        pause = _after_failure(backoff, hold, err, retryable, hint)
+        if pause:
             time.sleep(pause)
+
+
+def _after_failure(backoff: "_Backoff", hold: "_Hold", err: Exception, retryable: bool, hint) -> float:
+    """The pause before the next try, or raises `err` when it is final. A server's retry hint holds
+    every call of this client (the pause then happens in `_held` before the next try: 0 here)."""
+    pause = backoff.pause(hint) if retryable else None
+    if pause is None:
+        raise err
+    if hint:
+        hold.hold(pause)
+        return 0.0
+    return pause
 
 
 async def _acall_with_retries(call: Callable[[float], Any], timeout: float, address: str, hold: _Hold) -> Any:
@@ -141,12 +149,8 @@ async def _acall_with_retries(call: Callable[[float], Any], timeout: float, addr
             err, retryable, hint = e, e.kind is Kind.BUSY, e.retry_after_s
             if e.detail == rpc.transport_detail("gateway"):
                 err = LayaError(Kind.BUSY, "no gateway answered at %s" % address)
-        pause = backoff.pause(hint) if retryable else None
-        if pause is None:
-            raise err
-        if hint:
-            hold.hold(pause)
-        else:
+        pause = _after_failure(backoff, hold, err, retryable, hint)
+        if pause:
             await asyncio.sleep(pause)
 
 

@@ -35,6 +35,10 @@ from .settings import GatewaySettings
 
 log = logging.getLogger("gateway")
 
+# after the last decision request of a drain: time for its reply to be written before the gRPC
+# server ends the streams still open (Watch)
+STREAMS_GRACE_S = 1.0
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_settings(p, GatewaySettings)
@@ -94,26 +98,36 @@ async def serve(args: argparse.Namespace) -> int:
         rc = 2
     else:
         rc = 0
-    await drain(http, http_task, grpc_server, hs, policy.readiness, feed, readiness, args.drain_grace_s if rc == 0 else 0.0)
+    await drain(http, http_task, grpc_server, hs, policy, feed, readiness, args.drain_grace_s if rc == 0 else 0.0)
     await services.close()
     return rc
 
 
-async def drain(http, http_task, grpc_server, hs, state: Readiness, feed: ChangeFeed, readiness, grace_s: float) -> None:
+async def drain(http, http_task, grpc_server, hs, policy, feed: ChangeFeed, readiness, grace_s: float) -> None:
     """The gateway's one shutdown path (SIGTERM, SIGINT, or the HTTP server failing): not ready at
     once (/ready 503, grpc.health.v1 NOT_SERVING, the ready gauge 0); both listeners stop accepting
     connections; requests already running on either transport finish within `grace_s`; then the
     process exits. Idle kept-alive HTTP connections are closed, busy ones answer with
     `Connection: close`; gRPC sends GOAWAY. The backends stay up meanwhile (under `serve` they are
-    stopped only after every gateway has exited, cli/supervisor.py)."""
+    stopped only after every gateway has exited, cli/supervisor.py).
+
+    Streams that never end by themselves (grpc.health.v1 and StatusService `Watch`) do not hold the
+    exit: once no decision request holds an admission slot or waits for one, the gRPC server gets
+    STREAMS_GRACE_S more, then ends what is left (the watchers have seen NOT_SERVING by then)."""
     t0 = time.monotonic()
+    state: Readiness = policy.readiness
     state.draining = True
     feed.bump()
     readiness.cancel()
     metrics.GATEWAY_READY.set(0)
     await rpc.set_health(hs, [DECISION_SERVICE, STATUS_SERVICE], False)
     http.should_exit = True   # uvicorn: listener closed, open responses get the drain grace
-    await asyncio.gather(grpc_server.stop(grace=grace_s), http_task, return_exceptions=True)
+    grpc_stopped = asyncio.ensure_future(grpc_server.stop(grace=grace_s))
+    admission = policy.admission
+    await draining.wait_idle(grace_s, lambda: admission.taken + admission.waiting, "gateway requests")
+    # the most restrictive grace of the calls applies (grpc.aio.Server.stop)
+    await grpc_server.stop(grace=min(STREAMS_GRACE_S, max(0.0, t0 + grace_s - time.monotonic())))
+    await asyncio.gather(grpc_stopped, http_task, return_exceptions=True)
     await draining.settle_calls()
     log.info("gateway drained in %.2f s", time.monotonic() - t0)
 
