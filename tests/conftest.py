@@ -210,6 +210,7 @@ def _heaviest_files_first(items) -> None:
 
 @pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist: pytest without it runs the tests too
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker per CPU this process may use (the cgroup's affinity, not the host's
-    count), at most 4: every worker starts its own stacks and checkpoints."""
-    return max(1, min(len(os.sched_getaffinity(0)), 4))
+    """`-n auto`: one worker more than the CPUs this process may use (its affinity, not the host's
+    count), since much of a test's time is spent waiting on the processes it started; at most 4:
+    every worker starts its own stacks and checkpoints."""
+    return min(len(os.sched_getaffinity(0)) + 1, 4)
