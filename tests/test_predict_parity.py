@@ -196,8 +196,6 @@ def checkpoint(request, ckpts, upstream_threads):
 def test_predict_matches_upstream(checkpoint, tmp_path, upstream_agent):
     name, path, backend = checkpoint
     requests = _requests(seed=sum(map(ord, name)))
-    if backend == "mlx":   # MLX on the CPU compiles each new shape: every option count, a third of the rest
-        requests = requests[:14] + requests[14::3]
     lines, expect = [], []          # expect: ("ok", body) or ("error", status, detail)
     for i, body in enumerate(requests):
         lines.append(json.dumps(body, ensure_ascii=bool(i % 2)))

@@ -118,9 +118,10 @@ class CallTable:
         return [*self.tasks.values(), *self.refusals]
 
     async def finish(self) -> None:
-        """The caller is done sending: finish what it asked for."""
-        if self.tasks:
-            await asyncio.gather(*list(self.tasks.values()), return_exceptions=True)
+        """The caller is done sending: finish what it asked for, refusals' replies included."""
+        running = self.running()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
 
     def cancel(self) -> None:
         """The caller went away: its calls' work is not wanted any more."""
