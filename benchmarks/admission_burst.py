@@ -37,6 +37,14 @@ from laya_proto.v1 import decision_pb2, decision_pb2_grpc  # noqa: E402
 NOUL = {"type": "noul", "instructions": "Is the customer angry?"}
 
 
+def tiny_checkpoint() -> str:
+    """The tiny random-weight checkpoint these CPU benchmarks serve, made once under $TMPDIR."""
+    ckpt = os.path.join(os.environ.get("TMPDIR", "/tmp"), "laya-admission-bench", "tiny")
+    if not os.path.exists(ckpt):
+        make_checkpoint(ckpt, "tiny")
+    return ckpt
+
+
 def _small(i: int) -> dict:
     return {"state": "Order %d arrived broken and I want my money back." % i, "questions": {"angry": NOUL}}
 
@@ -165,10 +173,7 @@ def main() -> None:
     p.add_argument("--heavy-over", choices=("http", "grpc", "both"), default="both")
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    root = os.path.join(os.environ.get("TMPDIR", "/tmp"), "laya-admission-bench")
-    ckpt = os.path.join(root, "tiny")
-    if not os.path.exists(ckpt):
-        make_checkpoint(ckpt, "tiny")
+    ckpt = tiny_checkpoint()
     results = {}
     with Stack({"english": ckpt}) as s:
         for n in [int(x) for x in a.bursts.split(",") if x]:

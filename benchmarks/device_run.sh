@@ -2,9 +2,11 @@
 # One scripted GPU run (the GPU machine starts bare, no network): carried wheels (.whl),
 # then the phases named in PHASES (default: check,model,bench). Results go to $OUT.
 #   check  kernels and tiny checkpoints on CUDA against CPU fp32 (benchmarks/cuda_check.py); stops on failure
-#   profile  kernel time per name in one forward (benchmarks/gpu_profile.py; STUDIES=kernels,hops,gemms);
+#   profile  kernel time per name in one forward (benchmarks/gpu_profile.py; STUDIES=kernels,hops,gemms;
+#          DTYPE=float32, the served default, or float16);
 #          start-up with an empty and a filled kernel cache is benchmarks/cold_start.sh
-#   model  model time per encoder mode, warm-set capture, parity (benchmarks/model_speed.py, large preset)
+#   model  model time per encoder mode, warm-set capture, parity (benchmarks/model_speed.py, large preset;
+#          MODEL_DTYPE=float16, or float32 with MODES=packed,fused)
 #   bench  the side-by-side suite: upstream eager, our engine, gRPC, HTTP (`laya-grpc bench`);
 #          STAGES=...,replicas adds serve --inference-replicas N on the one GPU for N in REPLICAS (default 1,2),
 #          at 8 and 64 HTTP clients: decisions/s and p95 side by side
@@ -44,11 +46,11 @@ case ",$PHASES," in *,wakeup,*)
 esac
 case ",$PHASES," in *,profile,*)
   timeout ${PROFILE_TIMEOUT:-420} python3 -m benchmarks.gpu_profile --ckpt /tmp/lb/large --out $OUT \
-    --studies ${STUDIES:-kernels} --hops-n ${HOPS_N:-300} 2>&1 | grep -v '^{' ;;
+    --studies ${STUDIES:-kernels} --dtype ${DTYPE:-float32} --hops-n ${HOPS_N:-300} 2>&1 | grep -v '^{' ;;
 esac
 case ",$PHASES," in *,model,*)
   timeout ${MODEL_TIMEOUT:-300} python3 -m benchmarks.model_speed --ckpt /tmp/lb/large --out $OUT \
-    --iters ${ITERS:-200} --parity-rows ${PARITY_ROWS:-48} --modes ${MODES:-packed,fused,reference} ${WARM_SET:+--warm-set} 2>&1 \
+    --iters ${ITERS:-200} --parity-rows ${PARITY_ROWS:-48} --modes ${MODES:-packed,fused,reference} --dtype ${MODEL_DTYPE:-float16} ${WARM_SET:+--warm-set} 2>&1 \
     | grep -v '^{' ;;
 esac
 case ",$PHASES," in *,bench,*)

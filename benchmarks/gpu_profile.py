@@ -35,7 +35,7 @@ def kernel_study(a, rec) -> list:
     from torch.profiler import ProfilerActivity, profile
     from laya_grpc.inference.cuda_graphs import BucketPlan, CudaGraphForward, field_views
     from laya_grpc.inference.torch_model import LayaTorch
-    model = LayaTorch.from_checkpoint(a.ckpt, "cuda", torch.float16)
+    model = LayaTorch.from_checkpoint(a.ckpt, "cuda", getattr(torch, a.dtype))
     model.use_fused_kernels()
     plan = BucketPlan(max_rows=256, max_tokens=512)
     gf = CudaGraphForward(model, torch.device("cuda:0"), plan, parallel=False)
@@ -65,7 +65,7 @@ def kernel_study(a, rec) -> list:
                 per[e.name][1] += 1
         total = sum(v[0] for v in per.values())
         top = sorted(per.items(), key=lambda kv: -kv[1][0])[:18]
-        r = rec("kernels", rows=s[0], tokens=s[1], bucket=[bk.rows, bk.tokens], replay_ms=replay,
+        r = rec("kernels", dtype=a.dtype, rows=s[0], tokens=s[1], bucket=[bk.rows, bk.tokens], replay_ms=replay,
                 kernel_sum_ms=total / 1e3, launches_per_forward=sum(v[1] for v in per.values()) / iters,
                 top=[{"name": n[:90], "us": round(v[0], 2), "per_fwd": v[1] / iters} for n, v in top])
         tables.append(r)
@@ -140,6 +140,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--studies", default="kernels", help="comma list of hops, kernels, gemms")
     p.add_argument("--hops-n", type=int, default=300, help="sequential requests per hop in the hops study")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                   help="the kernel study's weights: float32 is the exact mode `--dtype auto` serves on CUDA, "
+                        "float16 the fast mode")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     rec = Out(os.path.join(a.out, "gpu_profile.jsonl"))
@@ -166,8 +169,8 @@ def main(argv=None) -> int:
         print("gemm %-8s M=%-6d N=%-5d K=%-5d %s out: %8.1f us %6.1f TFLOP/s"
               % (r["gemm"], r["m"], r["n"], r["k"], r["result"], r["us"], r["tflops"]))
     for r in kernels:
-        print("\n%dx%d (bucket %s): graph replay %.3f ms, kernels %.3f ms, %d launches"
-              % (r["rows"], r["tokens"], r["bucket"], r["replay_ms"], r["kernel_sum_ms"], r["launches_per_forward"]))
+        print("\n%s %dx%d (bucket %s): graph replay %.3f ms, kernels %.3f ms, %d launches"
+              % (r["dtype"], r["rows"], r["tokens"], r["bucket"], r["replay_ms"], r["kernel_sum_ms"], r["launches_per_forward"]))
         for k in r["top"]:
             print("  %8.1f us %5.0f x  %s" % (k["us"], k["per_fwd"], k["name"]))
     for r in hops:

@@ -231,6 +231,9 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--parity-rows", type=int, default=96)
     p.add_argument("--modes", default="packed,fused,reference")
+    p.add_argument("--dtype", choices=("float16", "float32"), default="float16",
+                   help="the weights: float16 is the fast mode; float32 the exact mode `--dtype auto` serves on "
+                        "CUDA (its split GEMMs need the fused kernels: modes packed and fused)")
     p.add_argument("--warm-set", action="store_true", help="also time the capture of the whole warm set per mode")
     p.add_argument("--token-buckets", default=None,
                    help="comma list of token bucket sizes (default: cuda_graphs.DEFAULT_TOKEN_BUCKETS)")
@@ -247,9 +250,9 @@ def main(argv=None) -> int:
     rec("cuda_init", s=time.perf_counter() - t, torch=torch.__version__, gpu=torch.cuda.get_device_name())
 
     t = time.perf_counter()
-    model = LayaTorch.from_checkpoint(a.ckpt, "cuda", torch.float16)
+    model = LayaTorch.from_checkpoint(a.ckpt, "cuda", getattr(torch, a.dtype))
     torch.cuda.synchronize()
-    rec("load", how="direct_to_cuda", s=time.perf_counter() - t, bytes=os.path.getsize(os.path.join(a.ckpt, "model.safetensors")))
+    rec("load", how="direct_to_cuda", dtype=a.dtype, s=time.perf_counter() - t, bytes=os.path.getsize(os.path.join(a.ckpt, "model.safetensors")))
     vocab = model.spec.vocab_size
 
     # CPU fp32 reference outputs for the parity rows (the bit-exact-to-upstream path)
@@ -286,7 +289,7 @@ def main(argv=None) -> int:
     attention_probe(torch, rec)
 
     for mode, (times, par) in summary.items():
-        print("\n[%s]\n%-10s %10s %14s" % (mode, "shape", "replay ms", "host p50/p95"))
+        print("\n[%s %s]\n%-10s %10s %14s" % (mode, a.dtype, "shape", "replay ms", "host p50/p95"))
         for r in times:
             print("%-10s %10.3f %8.3f/%.3f" % ("%dx%d" % (r["rows"], r["tokens"]), r["replay_ms"], *r["host_ms"]))
         print("parity max|dp| %.4f disagree_outside_ties %d passed %s"

@@ -30,10 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from benchmarks.admission_burst import tiny_checkpoint  # noqa: E402
 from stack import Stack, free_port  # noqa: E402
 
 from laya_grpc.bench import raw_http  # noqa: E402
-from laya_grpc.cli.make_checkpoint import make_checkpoint  # noqa: E402
 from laya_grpc.client import AsyncLayaClient, LayaClient  # noqa: E402
 from laya_grpc.core.errors import LayaError  # noqa: E402
 
@@ -156,10 +156,7 @@ def main() -> None:
     p.add_argument("--env", default=DEFAULT_ENV, help="comma-separated LAYA_ settings for the served stack")
     p.add_argument("--rounds", type=int, default=1)
     a = p.parse_args()
-    root = os.path.join(os.environ.get("TMPDIR", "/tmp"), "laya-admission-bench")
-    ckpt = os.path.join(root, "tiny")
-    if not os.path.exists(ckpt):
-        make_checkpoint(ckpt, "tiny")
+    ckpt = tiny_checkpoint()
     env = dict(kv.split("=", 1) for kv in a.env.split(",") if kv)
     metrics = "127.0.0.1:%d" % free_port()
     with Stack({"english": ckpt}, env=env, extra_args=["--metrics", metrics]) as s:

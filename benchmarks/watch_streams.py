@@ -23,9 +23,9 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from benchmarks.admission_burst import tiny_checkpoint  # noqa: E402
 from stack import Stack  # noqa: E402
 
-from laya_grpc.cli.make_checkpoint import make_checkpoint  # noqa: E402
 
 NOUL = {"type": "noul", "instructions": "Is the customer angry?"}
 PER_CHANNEL = 500
@@ -108,10 +108,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--rounds", type=int, default=1)
     a = p.parse_args()
-    root = os.path.join(os.environ.get("TMPDIR", "/tmp"), "laya-admission-bench")
-    ckpt = os.path.join(root, "tiny")
-    if not os.path.exists(ckpt):
-        make_checkpoint(ckpt, "tiny")
+    ckpt = tiny_checkpoint()
     with Stack({"english": ckpt}) as s:
         for _ in range(a.rounds):
             for n in [int(x) for x in a.streams.split(",")]:

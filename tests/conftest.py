@@ -192,23 +192,32 @@ def pytest_collection_modifyitems(config, items):
 
 def _heaviest_files_first(items) -> None:
     """pytest-xdist (`-n auto --dist loadfile`, the README's test command) hands whole files to its
-    workers in collection order, so a long file that comes last keeps one worker busy after the
-    other has finished. Files that start whole stacks (`slow`) or processes go first; within a file
-    the order stays as written."""
-    slow: dict = {}
-    processes: dict = {}
+    workers in collection order (pytest_configure turns off its own reordering by test count), so a
+    long file that comes last keeps one worker busy after the others have finished. Files that start
+    whole stacks (`slow`), processes or Triton-interpreter kernels go first; within a file the order
+    stays as written."""
+    weight: dict = {}
     first: dict = {}
     for i, item in enumerate(items):
         path = item.nodeid.split("::", 1)[0]
         first.setdefault(path, i)
-        slow[path] = slow.get(path, 0) + bool(item.get_closest_marker("slow"))
-        processes[path] = processes.get(path, 0) + bool(item.get_closest_marker("integration"))
-    # a stack a test starts itself weighs ten tests that share one
-    weight = {p: -(10 * slow[p] + min(processes[p], 5)) for p in first}
-    items.sort(key=lambda item: (weight[item.nodeid.split("::", 1)[0]], first[item.nodeid.split("::", 1)[0]]))
+        # a stack a test starts itself weighs ten tests that share one; a kernel test through the
+        # interpreter about as much as a test that talks to processes
+        w = weight.setdefault(path, [0, 0, 0])
+        w[0] += bool(item.get_closest_marker("slow"))
+        w[1] += bool(item.get_closest_marker("integration"))
+        w[2] += bool(item.get_closest_marker("kernels"))
+    key = {p: -(10 * s + min(n, 5) + min(k, 5)) for p, (s, n, k) in weight.items()}
+    items.sort(key=lambda item: (key[item.nodeid.split("::", 1)[0]], first[item.nodeid.split("::", 1)[0]]))
 
 
-@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist: pytest without it runs the tests too
+def pytest_configure(config):
+    # xdist's loadfile scheduling sorts files by their number of tests unless told not to, which
+    # would send the 2-test drain file last; the order above is the one wanted
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker more than the CPUs this process may use (its affinity, not the host's
     count), since much of a test's time is spent waiting on the processes it started; at most 4:
