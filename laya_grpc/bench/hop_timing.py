@@ -54,21 +54,19 @@ async def _echo_main(grpc_address: str, ipc_endpoint: str) -> None:
     await asyncio.Event().wait()
 
 
-def _tok_mux(transport: str, grpc_address: str, ipc_endpoint: str):
-    """(mux, channel or None) for the tokenizer at these addresses over `transport`."""
-    if transport == "ipc":
-        return ipc.mux(ipc_endpoint, tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply, "tokenizer"), None
-    ch = rpc.channel(grpc_address)
-    return calls.stream_mux(tokenizer_pb2_grpc.TokenizerServiceStub(ch).TokenizeStream, tokenizer_pb2.TokenizeCall,
-                            "tokenizer"), ch
+_SERVICES = {"tokenizer": (tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply,
+                           lambda ch: tokenizer_pb2_grpc.TokenizerServiceStub(ch).TokenizeStream),
+             "inference": (inference_pb2.InferCall, inference_pb2.InferReply,
+                           lambda ch: inference_pb2_grpc.InferenceServiceStub(ch).InferStream)}
 
 
-def _inf_mux(transport: str, grpc_address: str, ipc_endpoint: str):
+def _mux(service: str, transport: str, grpc_address: str, ipc_endpoint: str):
+    """(mux, channel or None) for the tokenizer or inference service at these addresses over `transport`."""
+    call, reply, stream = _SERVICES[service]
     if transport == "ipc":
-        return ipc.mux(ipc_endpoint, inference_pb2.InferCall, inference_pb2.InferReply, "inference"), None
+        return ipc.mux(ipc_endpoint, call, reply, service), None
     ch = rpc.channel(grpc_address)
-    return calls.stream_mux(inference_pb2_grpc.InferenceServiceStub(ch).InferStream, inference_pb2.InferCall,
-                            "inference"), ch
+    return calls.stream_mux(stream(ch), call, service), ch
 
 
 async def _close(mux, ch) -> None:
@@ -112,7 +110,7 @@ def empty_round_trips(n: int = 2000, clients: int = 64, seconds: float = 2.0) ->
         async def main():
             out = []
             for t in TRANSPORTS:
-                mux, ch = _tok_mux(t, g, i)
+                mux, ch = _mux("tokenizer", t, g, i)
                 req = tokenizer_pb2.TokenizeRequest()
                 call = lambda: mux.call(req, 10)  # noqa: E731
                 lat = await _sequential(call, n)
@@ -135,8 +133,8 @@ def hop_breakdown(run_dir: str, transport: str, state, questions: dict, model: s
         return "unix:" + os.path.join(run_dir, name + ".sock"), "ipc://" + os.path.join(run_dir, name + ".ipc")
 
     async def main():
-        tmux, tch = _tok_mux(transport, *addr("tokenizer-0"))
-        imux, ich = _inf_mux(transport, *addr("inference"))
+        tmux, tch = _mux("tokenizer", transport, *addr("tokenizer-0"))
+        imux, ich = _mux("inference", transport, *addr("inference"))
         treq = tokenize_request(tokenizer_pb2.TokenizeRequest, model, [state], questions)
         parts = {k: [] for k in ("tokenizer_hop", "tokenize_server", "tokenizer_transport", "inference_hop",
                                  "queue_wait", "model", "inference_transport")}
