@@ -9,6 +9,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -182,6 +183,24 @@ def _client_proc(kind, addr, cases, model, conc, duration, n_req, q):
     q.put(asyncio.run(main()))
 
 
+LOAD_GRACE_S = 60.0   # past the load's end: a client process that has not reported by then is stuck
+
+
+def _next_result(q, ps: list, deadline: float):
+    """The next client process's (latencies, codes); an error naming the processes instead of waiting
+    forever when one died or none reports past the deadline."""
+    while True:
+        try:
+            return q.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p.exitcode for p in ps if p.exitcode not in (None, 0)]
+            if dead or time.perf_counter() > deadline:
+                for p in ps:
+                    p.kill()
+                raise RuntimeError("load clients: %s" % ("exit codes %s" % dead if dead else
+                                   "no result %.0f s after the load's end" % LOAD_GRACE_S))
+
+
 def load(kind: str, addr: str, cases: list, model: str, clients: int, duration: float, procs: int) -> dict:
     """`clients` concurrent closed-loop clients over `procs` processes for `duration` seconds."""
     procs = max(1, min(procs, clients))
@@ -194,7 +213,7 @@ def load(kind: str, addr: str, cases: list, model: str, clients: int, duration: 
         p.start()
     lat, codes = [], {}
     for _ in ps:
-        l, c = q.get()
+        l, c = _next_result(q, ps, t0 + duration + LOAD_GRACE_S)
         lat += l
         for k, v in c.items():
             codes[str(k)] = codes.get(str(k), 0) + v
