@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 from laya_grpc.core.runtime.flags import USE_DEFAULT, positive_int, setting
-from laya_grpc.core.runtime.settings import ServiceSettings, upstream_positive_int
+from laya_grpc.core.runtime.settings import (ServiceSettings, ipc_setting, listen_setting, metrics_setting,
+                                              upstream_positive_int)
 
 LISTEN = "127.0.0.1:50052"
 
@@ -95,14 +96,9 @@ class EngineSettings(RunnerSettings, ResidencySettings):
 class InferenceSettings(EngineSettings, ServiceSettings):
     SECTION = "this process"
 
-    listen: str = setting(LISTEN, "address to serve on: HOST:PORT or unix:/path.sock", metavar="ADDRESS",
-                          deprecated=("LAYA_INFERENCE_LISTEN",))
-    metrics: Optional[str] = setting(None, "serve this process's Prometheus metrics on this address (off by "
-                                     "default)", metavar="HOST:PORT", deprecated=("LAYA_INFERENCE_METRICS",))
-    ipc: Optional[str] = setting(None, "also take Infer calls on this unix socket (cheaper than gRPC between "
-                                 "processes of one host; 'serve' uses it for its own children); health, status "
-                                 "and the other RPCs stay on --listen", metavar="ipc:///PATH",
-                                 deprecated=("LAYA_INFERENCE_IPC",))
+    listen: str = listen_setting(LISTEN, "inference")
+    metrics: Optional[str] = metrics_setting("inference")
+    ipc: Optional[str] = ipc_setting("inference", "Infer")
 
     heartbeat_s: ClassVar[float] = 2.0
 

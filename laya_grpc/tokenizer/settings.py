@@ -6,7 +6,7 @@ from typing import Optional
 
 from laya_grpc.core.runtime import cpu_quota
 from laya_grpc.core.runtime.flags import positive_int, setting
-from laya_grpc.core.runtime.settings import ServiceSettings
+from laya_grpc.core.runtime.settings import ServiceSettings, ipc_setting, listen_setting, metrics_setting
 
 LISTEN = "127.0.0.1:50053"
 
@@ -26,11 +26,6 @@ class TokenizerOnlySettings:
 class TokenizerSettings(TokenizerOnlySettings, ServiceSettings):
     SECTION = "this process"
 
-    listen: str = setting(LISTEN, "address to serve on: HOST:PORT or unix:/path.sock",
-                          metavar="ADDRESS", deprecated=("LAYA_TOKENIZER_LISTEN",))
-    metrics: Optional[str] = setting(None, "serve this process's Prometheus metrics on this address (off by "
-                                     "default)", metavar="HOST:PORT", deprecated=("LAYA_TOKENIZER_METRICS",))
-    ipc: Optional[str] = setting(None, "also take Tokenize calls on this unix socket (cheaper than gRPC between "
-                                 "processes of one host; 'serve' uses it for its own children); health, status "
-                                 "and the other RPCs stay on --listen", metavar="ipc:///PATH",
-                                 deprecated=("LAYA_TOKENIZER_IPC",))
+    listen: str = listen_setting(LISTEN, "tokenizer")
+    metrics: Optional[str] = metrics_setting("tokenizer")
+    ipc: Optional[str] = ipc_setting("tokenizer", "Tokenize")

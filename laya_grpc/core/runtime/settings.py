@@ -127,6 +127,25 @@ class CheckpointSettings:
         return sources
 
 
+def listen_setting(default: str, service: str) -> Any:
+    """The address a tokenizer or inference process serves gRPC on (`--listen`, LAYA_LISTEN)."""
+    return setting(default, "address to serve on: HOST:PORT or unix:/path.sock", metavar="ADDRESS",
+                   deprecated=("LAYA_%s_LISTEN" % service.upper(),))
+
+
+def metrics_setting(service: str) -> Any:
+    """The address a tokenizer or inference process serves its Prometheus metrics on (`--metrics`)."""
+    return setting(None, "serve this process's Prometheus metrics on this address (off by default)",
+                   metavar="HOST:PORT", deprecated=("LAYA_%s_METRICS" % service.upper(),))
+
+
+def ipc_setting(service: str, call: str) -> Any:
+    """The unix socket a tokenizer or inference process also takes its `call`s on (`--ipc`)."""
+    return setting(None, "also take %s calls on this unix socket (cheaper than gRPC between processes of one "
+                   "host; 'serve' uses it for its own children); health, status and the other RPCs stay on "
+                   "--listen" % call, metavar="ipc:///PATH", deprecated=("LAYA_%s_IPC" % service.upper(),))
+
+
 @dataclass
 class ServiceSettings(CheckpointSettings, DrainSettings, ObservabilitySettings):
     """What every service process takes."""
