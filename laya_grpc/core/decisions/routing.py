@@ -160,8 +160,9 @@ def resolve_model_named(model_field: Any, table: RouteTable) -> tuple[Optional[s
 
     Empty values, the bundle id and names this server does not know (a Jev id such as `jev-1`)
     auto-route, as upstream does; the second value then names the unknown one so the fronts can
-    say so (a response header, gRPC's routing.reason). With `table.strict_model` an unknown name
-    is LayaError(NOT_FOUND) instead. A path or an unpublished `org/repo` id is a checkpoint this
+    say so (the HTTP header X-Laya-Unknown-Model, the gRPC trailer laya-unknown-model; the answer's
+    routing.reason stays upstream's). With `table.strict_model` an unknown name is
+    LayaError(NOT_FOUND) instead. A path or an unpublished `org/repo` id is a checkpoint this
     server cannot load: LayaError(INVALID) with upstream's text.
     """
     if not model_field:
