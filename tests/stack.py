@@ -14,23 +14,60 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def free_port() -> int:
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768   # Linux's default; elsewhere (macOS 49152) it is higher still
+
+
+_BLOCK = 400   # ports per pytest-xdist worker
+_STRIDE = 7
+
+
+def _port_block() -> range:
+    """The ports this test process hands out: below the kernel's ephemeral range, so no outgoing
+    connection (of any test, or of the services under test) takes one between its pick and the
+    server's bind, and a block of its own per xdist worker, so two workers never pick the same."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    start = 12000 + _BLOCK * (int(worker) if worker.isdigit() else 0)
+    if start + _BLOCK > _ephemeral_low():
+        return range(0)
+    return range(start, start + _BLOCK)
+
+
+_block = _port_block()
+_next = [int.from_bytes(os.urandom(2), "little") % _BLOCK]   # another session on the host starts elsewhere
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port() -> int:
+    """A port no server listens on, that nothing else is handed (see `_port_block`). Each call
+    steps 7 ports on through the block (7 and its size are coprime: every port comes once before
+    any comes again), leaving the ports just above a pick free: a test may check that nothing
+    answers at a port's neighbours (test_prometheus_metrics)."""
+    for _ in range(len(_block)):
+        port = _block[(_next[0] * _STRIDE) % len(_block)]
+        _next[0] += 1
+        if _bindable(port):
+            return port
+    with socket.socket() as s:   # no block below the ephemeral range on this host
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def free_ports(n: int) -> list:
-    """n distinct free ports: all held open while picked (one free_port() after another may hand
-    out the same port twice)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """n distinct free ports."""
+    return [free_port() for _ in range(n)]
 
 
 class Stack:

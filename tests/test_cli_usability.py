@@ -117,7 +117,7 @@ def test_decide_questions_take_inline_json_or_a_file(tmp_path):
 
 def test_a_port_in_use_is_one_message_without_a_traceback():
     import socket
-    from tests.stack import free_port
+    from stack import free_port
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
