@@ -1,6 +1,7 @@
 """Start the real `laya-grpc serve` (three processes) on free ports for integration tests."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -38,7 +39,7 @@ def _port_block() -> range:
 
 
 _block = _port_block()
-_next = [int.from_bytes(os.urandom(2), "little") % _BLOCK]   # another session on the host starts elsewhere
+_picks = itertools.count(int.from_bytes(os.urandom(2), "little") % _BLOCK)   # another session on the host starts elsewhere
 
 
 def _bindable(port: int) -> bool:
@@ -56,8 +57,7 @@ def free_port() -> int:
     any comes again), leaving the ports just above a pick free: a test may check that nothing
     answers at a port's neighbours (test_prometheus_metrics)."""
     for _ in range(len(_block)):
-        port = _block[(_next[0] * _STRIDE) % len(_block)]
-        _next[0] += 1
+        port = _block[(next(_picks) * _STRIDE) % len(_block)]
         if _bindable(port):
             return port
     with socket.socket() as s:   # no block below the ephemeral range on this host
@@ -66,8 +66,13 @@ def free_port() -> int:
 
 
 def free_ports(n: int) -> list:
-    """n distinct free ports."""
-    return [free_port() for _ in range(n)]
+    """n distinct free ports (the block gives distinct ones; the fallback may repeat itself)."""
+    ports: list = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 class Stack:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from tests.stack import ROOT, Stack
+from stack import ROOT, Stack
 
 NO_BACKENDS = r'''
 import sys

@@ -13,7 +13,7 @@ import time
 from laya_grpc.cli.client_commands import _Printer
 from laya_grpc.core.decisions.routing import RouteTable, resolve_model
 from laya_proto.v1 import decision_pb2, status_pb2
-from tests.stack import ROOT
+from stack import ROOT
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("LAYA_")}
 

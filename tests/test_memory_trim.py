@@ -163,10 +163,10 @@ def test_tokenizer_gives_memory_back_when_idle(tiny_ckpt):
             stub.Tokenize(big, timeout=60)
         high = _rss_mb(proc.pid)   # read at once: the trim waits for 0.25 s of idle
         assert high - before > 20, (before, high)   # the encodes did leave freed heap behind
-        # Without a trim glibc keeps all of the freed heap (RSS stays at `high`: the module's
-        # docstring measured 67 -> 113 MB, still 113 when idle). With it, what stays is live state
-        # and arena fragmentation, which depends on how the encode threads interleaved: 11% of the
-        # growth on one 2-core box, 26% on another. Half the growth lies between the two regimes.
+        # Without a trim glibc keeps nearly all of the freed heap (with malloc_trim switched off in
+        # this process, 86-87% of the growth stayed). With it, what stays is live state and arena
+        # fragmentation, which depends on how the encode threads interleaved: 26% on one 2-core
+        # box, less on others. Half the growth lies between the two regimes.
         deadline, now = time.monotonic() + 15, high
         while time.monotonic() < deadline:
             now = _rss_mb(proc.pid)

@@ -20,7 +20,7 @@ from laya_grpc.core.runtime import flags
 from laya_grpc.gateway.settings import GatewaySettings
 from laya_grpc.inference.settings import InferenceSettings
 from laya_grpc.tokenizer.settings import TokenizerSettings
-from tests.stack import ROOT
+from stack import ROOT
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("LAYA_")}
 CLASSES = (ServeSettings, GatewaySettings, InferenceSettings, TokenizerSettings)

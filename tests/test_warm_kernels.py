@@ -14,7 +14,7 @@ from laya_grpc.cli.warm_kernels import WarmKernelsSettings
 from laya_grpc.core.runtime import flags
 from laya_grpc.inference import kernel_cache
 from laya_grpc.inference.settings import InferenceSettings
-from tests.stack import ROOT
+from stack import ROOT
 
 ENV = {k: v for k, v in os.environ.items()
        if not k.startswith("LAYA_") and k not in kernel_cache.SUBDIRS}
