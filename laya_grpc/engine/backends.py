@@ -49,7 +49,8 @@ class Backend:
 
 
 class BackendWatch:
-    """Channels to the backends and their live state; `RemoteServices` adds the calls."""
+    """Channels to the backends and their live state (`RemoteServices` holds one and calls through
+    its channels)."""
 
     def __init__(self, tokenizer: BackendTarget, inference: BackendTarget, feed: ChangeFeed):
         self.feed = feed
@@ -72,6 +73,12 @@ class BackendWatch:
         for b in self.inferences:
             self._tasks.append(asyncio.ensure_future(self._watch_health(b, INFERENCE_SERVICE)))
             self._tasks.append(asyncio.ensure_future(self._watch_inference_status(b)))
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for b in self.backends:
+            await b.channel.close()
 
     @property
     def backends(self) -> list[Backend]:
@@ -138,7 +145,8 @@ class BackendWatch:
             b.serving, b.state, b.detail = serving, state, detail
             self.feed.bump()
 
-    def _checkpoint_status(self, name: str):
+    def checkpoint_status(self, name: str):
+        """The inference service's status of checkpoint `name` (None while unknown)."""
         st = self.inference.status
         if st is None:
             return None

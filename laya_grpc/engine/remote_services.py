@@ -143,29 +143,32 @@ class Replicas:
             await m.close()
 
 
-class RemoteServices(BackendWatch):
+class RemoteServices:
+    """`Services` over the backend processes. `watch` (BackendWatch) observes them: the gateway's
+    readiness, status stream and /health read it, and `Replicas` skips a replica it sees down."""
+
     def __init__(self, tokenizer: BackendTarget, inference: BackendTarget, feed: ChangeFeed,
                  tokenize_timeout_s: float = 30.0, infer_timeout_s: float = 600.0):
         tok_links, inf_links = _links(tokenizer), _links(inference)
-        super().__init__(_watched(tokenizer, tok_links, "--tokenizer"), _watched(inference, inf_links, "--inference"),
-                         feed)
-        self._tok_call = Replicas(_muxes(tok_links, self.tokenizers, tokenizer_pb2_grpc.TokenizerServiceStub,
+        self.watch = watch = BackendWatch(_watched(tokenizer, tok_links, "--tokenizer"),
+                                          _watched(inference, inf_links, "--inference"), feed)
+        self._tok_call = Replicas(_muxes(tok_links, watch.tokenizers, tokenizer_pb2_grpc.TokenizerServiceStub,
                                          "Tokenize", tokenizer_pb2.TokenizeCall, tokenizer_pb2.TokenizeReply,
-                                         "tokenizer service"), self.tokenizers, "tokenizer service")
-        self._inf_call = Replicas(_muxes(inf_links, self.inferences, inference_pb2_grpc.InferenceServiceStub,
+                                         "tokenizer service"), watch.tokenizers, "tokenizer service")
+        self._inf_call = Replicas(_muxes(inf_links, watch.inferences, inference_pb2_grpc.InferenceServiceStub,
                                          "Infer", inference_pb2.InferCall, inference_pb2.InferReply,
-                                         "inference service"), self.inferences, "inference service")
+                                         "inference service"), watch.inferences, "inference service")
         self.tokenize_timeout_s, self.infer_timeout_s = tokenize_timeout_s, infer_timeout_s
         self._coalescer = InferCoalescer(self._infer_call)
         self._temperatures: dict = {}   # (name, revision, sha256) -> Temperatures
 
+    def start(self) -> None:
+        self.watch.start()
+
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
         for m in (self._tok_call, self._inf_call):
             await m.close()
-        for b in self.backends:
-            await b.channel.close()
+        await self.watch.close()
 
     # -- Services -------------------------------------------------------------------------
     async def tokenize(self, checkpoint: str, states: Sequence[Any], questions: Sequence[Any],
@@ -177,7 +180,7 @@ class RemoteServices(BackendWatch):
             question_to_text(q, texts[-1])
         if len(states) == 1:   # the usual request: nothing to split (one state's rows stay far below)
             return await self._tokenize(checkpoint, states, questions, texts, max_len, head_max_len)
-        st = self._checkpoint_status(checkpoint)
+        st = self.watch.checkpoint_status(checkpoint)
         groups = reply_groups(states, texts, max_len or (st.max_row_tokens if st is not None else 0))
         if len(groups) == 1:
             return await self._tokenize(checkpoint, states, questions, texts, max_len, head_max_len)
@@ -207,7 +210,7 @@ class RemoteServices(BackendWatch):
 
     async def infer(self, checkpoint: str, rows) -> InferResult:
         packed = PackedRows.concat(list(rows)) if isinstance(rows, (list, tuple)) else rows
-        st = self._checkpoint_status(checkpoint)
+        st = self.watch.checkpoint_status(checkpoint)
         if st is not None and st.max_row_tokens:   # refuse here: in a shared Infer call it would fail the others
             packed.check_max_len(st.max_row_tokens)   # the rest was validated when the tokenizer's reply came in
         token = _OWN_TASK.set(asyncio.current_task())
@@ -233,11 +236,11 @@ class RemoteServices(BackendWatch):
         return await self._inf_call.call(req, deadline.timeout(self.infer_timeout_s) if own else self.infer_timeout_s)
 
     async def temperatures(self, name: str) -> Temperatures:
-        st = self._checkpoint_status(name)
+        st = self.watch.checkpoint_status(name)
         if st is None or st.state != S.STATE_READY or not st.HasField("temperatures"):
             try:
                 # the replica whose status stands for all (they serve one checkpoint set)
-                stub = inference_pb2_grpc.InferenceServiceStub(self.inference.channel)
+                stub = inference_pb2_grpc.InferenceServiceStub(self.watch.inference.channel)
                 st = await stub.LoadCheckpoint(inference_pb2.LoadCheckpointRequest(checkpoint=name),
                                                timeout=deadline.timeout(self.infer_timeout_s))
             except grpc.aio.AioRpcError as e:
@@ -249,4 +252,4 @@ class RemoteServices(BackendWatch):
         return temps
 
     def health(self) -> dict:
-        return health_payload(self)
+        return health_payload(self.watch)

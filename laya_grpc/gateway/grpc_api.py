@@ -139,8 +139,8 @@ class DecisionServicer(decision_pb2_grpc.DecisionServiceServicer):
 class StatusServicer(decision_pb2_grpc.StatusServiceServicer):
     """Pushes the state of every service and checkpoint on change, with heartbeats in between."""
 
-    def __init__(self, services, readiness: Readiness, feed: ChangeFeed, address: str, heartbeat_s: float = 2.0):
-        self.services, self.readiness, self.feed = services, readiness, feed
+    def __init__(self, watch, readiness: Readiness, feed: ChangeFeed, address: str, heartbeat_s: float = 2.0):
+        self.watch, self.readiness, self.feed = watch, readiness, feed   # watch: engine/backends.py BackendWatch
         self.address, self.heartbeat_s = address, heartbeat_s
         self._last = None   # (key, event): the last event built for the status streams
 
@@ -151,7 +151,7 @@ class StatusServicer(decision_pb2_grpc.StatusServiceServicer):
                         detail=self.readiness.warm_detail,
                         instance_id=self.feed.instance_id, sequence=self.feed.sequence, time_unix=ev.time_unix,
                         started_unix=self.feed.started, address=self.address)
-        for b in self.services.backends:
+        for b in self.watch.backends:
             if b.service == "inference" and b.status is not None:
                 st = ev.services.add()   # its own detailed view: checkpoints loading, warming, ready
                 st.CopyFrom(b.status)

@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from laya_grpc.core.runtime import logs, metrics, timing
@@ -123,30 +123,6 @@ def _route_path(scope) -> str:
     if path == root_path:
         return ""
     return path[len(root_path):] if path[len(root_path)] == "/" else path
-
-
-async def _serve_direct(endpoint, scope, receive, send) -> None:
-    """One request straight into `endpoint`, answered as Starlette's stack would answer it: a
-    LayaError through `error_response` (the exception handler), anything else a plain-text 500
-    (ServerErrorMiddleware, which also re-raises it for uvicorn to log)."""
-    started = False
-
-    async def tracked_send(message) -> None:
-        nonlocal started
-        if message["type"] == "http.response.start":
-            started = True
-        await send(message)
-
-    try:
-        try:
-            response = await endpoint(Request(scope, receive, tracked_send))
-        except LayaError as error:
-            response = error_response(error)
-        await response(scope, receive, tracked_send)
-    except Exception:
-        if not started:
-            await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
-        raise
 
 
 def build_app(decider: Decider, settings: GatewaySettings, policy: Policy, request_timeout_s: float | None = None):
@@ -258,19 +234,4 @@ def build_app(decider: Decider, settings: GatewaySettings, policy: Policy, reque
     for route in routes:
         # Starlette implies HEAD for GET; FastAPI (upstream) does not, so HEAD /health is a 405.
         route.methods = set(m for m in route.methods if m != "HEAD")
-    starlette_app = Starlette(routes=routes, exception_handlers={LayaError: laya_error, HTTPException: http_error})
-    direct = {"/v1/systemone": decide_endpoint, "/v1/systemone/batch": batch_endpoint}
-
-    async def app(scope, receive, send) -> None:
-        """A POST to a decision route goes straight to its endpoint, the one Starlette's router
-        would pick, without the middleware and routing layers (~0.1 ms a request); everything else
-        (other methods and paths, 404/405/307, /health) goes through Starlette."""
-        if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = direct.get(_route_path(scope))
-            if endpoint is not None:
-                await _serve_direct(endpoint, scope, receive, send)
-                return
-        await starlette_app(scope, receive, send)
-
-    app.starlette = starlette_app
-    return app
+    return Starlette(routes=routes, exception_handlers={LayaError: laya_error, HTTPException: http_error})

@@ -52,13 +52,13 @@ async def serve(args: argparse.Namespace) -> int:
     feed = ChangeFeed()
     services = RemoteServices(parse_target(args.tokenizer, "--tokenizer"), parse_target(args.inference, "--inference"),
                               feed)
-    seed_backend_restarts(services.tokenizers, services.inferences)   # counts kept by the supervisor
+    seed_backend_restarts(services.watch.tokenizers, services.watch.inferences)   # counts kept by the supervisor
     decider = Decider(services, table, settings)
 
     # one policy for both fronts: auth, admission (one queue and budget for HTTP and gRPC), readiness
-    policy = Policy(Auth(settings.api_key), Admission(settings.admission), Readiness(services))
+    policy = Policy(Auth(settings.api_key), Admission(settings.admission), Readiness(services.watch))
     grpc_server = public_server(policy, reuse_port=args.reuse_port, options=conn_limits.setup(args))
-    status = StatusServicer(services, policy.readiness, feed, args.grpc)
+    status = StatusServicer(services.watch, policy.readiness, feed, args.grpc)
     decision_pb2_grpc.add_DecisionServiceServicer_to_server(
         DecisionServicer(decider, policy, settings.max_token_budget), grpc_server)
     decision_pb2_grpc.add_StatusServiceServicer_to_server(status, grpc_server)
