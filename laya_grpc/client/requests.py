@@ -166,7 +166,3 @@ def build_batch(states: Any, questions: Any, include_json: bool = False,
             request_json=_body({"states": states, "questions": questions}, controls), include_json=include_json)
     return req
 
-
-def is_typed(req) -> bool:
-    return not req.request_json
-
