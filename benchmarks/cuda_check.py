@@ -51,6 +51,41 @@ def check_kernels(torch) -> list[str]:
         if not err <= 1e-2 or not torch.isfinite(out).all():
             bad.append("gelu_gate %s" % ((n, inter),))
     bad += check_add_layer_norm(torch, g)
+    bad += check_split_outputs(torch, g)
+    return bad
+
+
+def check_split_outputs(torch, g) -> list[str]:
+    """The kernels that write a split GEMM's input (`split=`: add_layer_norm, gelu_gate, attention,
+    attention_packed) must write exactly `split_fp16` of their float32 output, bit for bit."""
+    from laya_grpc.inference import cuda_attention as ca
+    from laya_grpc.inference import cuda_kernels as ck
+    bad = []
+    for terms in (2, 3):
+        n, d, inter = 333, 1024, 2624
+        x = torch.randn(n, d, device="cuda", generator=g) * 8
+        o = torch.randn(n, d, device="cuda", generator=g)
+        w = 1 + 0.3 * torch.randn(d, device="cuda", generator=g)
+        xa, xb = x.clone(), x.clone()
+        y = ck.add_layer_norm(xa, o, w, 1e-5)[1]
+        ys = ck.add_layer_norm(xb, o, w, 1e-5, split=terms)[1]
+        u = torch.randn(n, 2 * inter, device="cuda", generator=g) * 3
+        qkv = torch.randn(2 * 160, 3 * 16 * 64, device="cuda", generator=g)
+        cos, sin = torch.randn(512, 64, device="cuda", generator=g), torch.randn(512, 64, device="cuda", generator=g)
+        lengths = torch.tensor([160, 97], dtype=torch.int32, device="cuda")
+        pairs = {"add_layer_norm": (ys, y, torch.equal(xa, xb)),
+                 "gelu_gate": (ck.gelu_gate(u, split=terms), ck.gelu_gate(u), True),
+                 "attention": (ca.attention(qkv, cos, sin, lengths, 2, 160, 16, 64, True, 0.125, split=terms),
+                               ca.attention(qkv, cos, sin, lengths, 2, 160, 16, 64, True, 0.125), True)}
+        for name, (got, plain, residual_same) in pairs.items():
+            if name == "attention":   # rows past a row's length are not written: compare the written ones
+                keep = torch.cat([torch.arange(160), 160 + torch.arange(97)]).to("cuda")
+                got, plain = got[keep], plain[keep]
+            same = residual_same and torch.equal(got, ck.split_fp16(plain.contiguous(), terms))
+            print("%s split=%d: equal to split_fp16 of the float32 output bit for bit: %s" % (name, terms, same),
+                  flush=True)
+            if not same:
+                bad.append("%s split=%d" % (name, terms))
     return bad
 
 

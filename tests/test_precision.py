@@ -141,9 +141,9 @@ def test_served_precision_tracks_cpu_float32(tiny_ckpt, monkeypatch):
     adds = []
     real_add = ck.add_layer_norm
 
-    def add_layer_norm(x, o, w, eps, out_dtype):
+    def add_layer_norm(x, o, w, eps, out_dtype, split=0):
         adds.append((x.dtype, o.dtype, out_dtype))
-        return real_add(x, o, w, eps, out_dtype=out_dtype)
+        return real_add(x, o, w, eps, out_dtype=out_dtype, split=split)
 
     with torch.inference_mode():
         ref.use_fused_kernels()
@@ -171,3 +171,62 @@ def test_served_precision_tracks_cpu_float32(tiny_ckpt, monkeypatch):
     bound = 2 ** -6 * float(np.abs(ls - lr)[live].max())
     assert float(np.abs(le - lr)[live].max()) < bound, bound
     assert float(np.abs(ae - ar).max()) < 2 ** -6 * float(np.abs(as_ - ar).max()), bound
+
+
+@pytest.mark.parametrize("terms", [2, 3])
+def test_kernels_write_the_split_form_bit_for_bit(terms):
+    """`add_layer_norm(..., split=)` and `gelu_gate(split=)` write exactly what `split_fp16` makes of
+    their float32 output (the same fp32 value, the same two roundings), so a split GEMM reading them
+    multiplies the same operands. Values span fp16's range, subnormal lows and exact halves included."""
+    g = torch.Generator().manual_seed(3)
+    n, d = 5, 96
+    x = (torch.randn(n, d, generator=g) * torch.logspace(-3, 3, d)).float()
+    o = torch.randn(n, d, generator=g).float()
+    w = torch.randn(d, generator=g).float()
+    x_a, x_b = x.clone(), x.clone()
+    _, y = ck.add_layer_norm(x_a, o, w, 1e-5, out_dtype=torch.float32)
+    _, ys = ck.add_layer_norm(x_b, o, w, 1e-5, out_dtype=torch.float32, split=terms)
+    assert torch.equal(x_a, x_b)
+    assert ys.dtype == torch.float16 and ys.shape == (n, terms * d)
+    assert torch.equal(ys, ck.split_fp16(y, terms))
+    u = (torch.randn(n, 2 * 80, generator=g) * 4).float()
+    gate = ck.gelu_gate(u)
+    gs = ck.gelu_gate(u, split=terms)
+    assert gs.shape == (n, terms * 80) and torch.equal(gs, ck.split_fp16(gate, terms))
+
+
+def test_split_output_needs_a_float32_result():
+    with pytest.raises(ValueError, match="float32"):
+        ck.gelu_gate(torch.zeros(2, 16, dtype=torch.float16), split=2)
+    with pytest.raises(ValueError, match="terms"):
+        ck.add_layer_norm(torch.zeros(2, 16), torch.zeros(2, 16), torch.ones(16), 1e-5, split=4)
+
+
+def test_exact_mode_forward_is_unchanged_by_split_writing_kernels(tiny_ckpt, monkeypatch):
+    """The exact mode's packed forward with the norms and GELU gate writing their split GEMM's input
+    equals, bit for bit, the same forward with a separate `split_fp16` launch before every GEMM; and
+    it launches that kernel only where no fused kernel makes the input (layer 0's Wqkv reads the
+    embedding norm's output, which is also the residual stream) and in the decision head."""
+    exact = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float32)
+    rows = synthetic_rows(6, 60, 4, exact.spec.vocab_size, seed=2)
+    exact.use_fused_kernels(Precision(torch.float32, torch.float32, True, True))
+    splits = []
+    real_split = ck.split_fp16
+
+    def split_fp16(x, terms):
+        splits.append(x.shape)
+        return real_split(x, terms)
+    monkeypatch.setattr(ck, "split_fp16", split_fp16)
+    with torch.inference_mode():
+        fused = _packed(exact, rows)
+        n_fused = len(splits)
+        monkeypatch.setattr(exact, "_terms", lambda lin, dtype: 0)   # every GEMM splits its own input
+        del splits[:]
+        separate = _packed(exact, rows)
+        n_separate = len(splits)
+    layers = len(exact.encoder.layers)
+    head_gemms = 4 * len(exact.head.layers) if exact.head is not None else 0
+    assert n_separate == 4 * layers + head_gemms, (n_separate, layers, head_gemms)
+    assert n_fused == 1 + head_gemms, (n_fused, layers, head_gemms)
+    for f, s in zip(fused, separate):
+        assert np.array_equal(f, s)

@@ -16,7 +16,8 @@ Here each is one pass:
   residual x may be float32 while o and y are 16-bit: the residual stream then never rounds to 16
   bits (what keeps the served answers close to CPU fp32, docs/precision.md);
 - `split_fp16`: a float32 activation as a pair of fp16 halves (hi, lo) for the tensor-core GEMMs of
-  split_gemm.py, which keep float32 accuracy at fp16 speed.
+  split_gemm.py, which keep float32 accuracy at fp16 speed. `add_layer_norm` and `gelu_gate` write
+  that form themselves (`split=`) when their output feeds such a GEMM: one launch fewer each.
 
 Triton imports lazily: on a host without it `available()` says why, and the CPU tests run these
 same kernels through Triton's interpreter (TRITON_INTERPRET=1, tests/test_fused_encoder.py).
@@ -27,9 +28,37 @@ import functools
 
 
 @functools.lru_cache(maxsize=1)
+def split_store():
+    """`_store_split(ptr, v, k, mask, TERMS)`: float32 values v at ptr as fp16 parts k elements apart,
+    [hi | lo] (TERMS 2) or [hi | lo | hi] (TERMS 3), hi = fp16(v), lo = fp16(v - hi): the layout
+    split_gemm.SplitLinear multiplies. The kernels whose output feeds a split GEMM write it so
+    (`split=`), bit for bit what `split_fp16` makes of their float32 output, one launch and one
+    float32 round trip through memory fewer per GEMM."""
+    import triton
+    import triton.language
+
+    # module globals: kernels here and in cuda_attention.py call the helper, compiled or interpreted, and
+    # Triton's interpreter looks triton.language up in the helper's module globals
+    global _store_split, tl
+    tl = triton.language
+
+    @triton.jit
+    def _store_split(ptr, v, k, mask, TERMS: tl.constexpr):
+        hi = v.to(tl.float16)
+        lo = (v - hi.to(tl.float32)).to(tl.float16)       # exact difference, rounded once to fp16
+        tl.store(ptr, hi, mask=mask)
+        tl.store(ptr + k, lo, mask=mask)
+        if TERMS == 3:
+            tl.store(ptr + 2 * k, hi, mask=mask)
+
+    return _store_split
+
+
+@functools.lru_cache(maxsize=1)
 def _kernels():
     import triton
     import triton.language as tl
+    split_store()
 
     # n_tokens (B*L) and L change with every CUDA-graph bucket: not specialised, so Triton compiles
     # one variant for all of them rather than one per divisibility class (and again for L == 1).
@@ -67,16 +96,19 @@ def _kernels():
             tl.store(plane + HALF + j, o2.to(out_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
-    def gelu_gate_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+    def gelu_gate_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = c < inter
-        u = tl.load(x_ptr + r * 2 * inter + c, mask=m).to(tl.float32)
-        g = tl.load(x_ptr + r * 2 * inter + inter + c, mask=m).to(tl.float32)
+        u = tl.load(x_ptr + r * 2 * inter + c, mask=m, other=0.0).to(tl.float32)
+        g = tl.load(x_ptr + r * 2 * inter + inter + c, mask=m, other=0.0).to(tl.float32)
         gelu = 0.5 * u * (1.0 + tl.math.erf(u * 0.7071067811865476))
-        # the eager ops round F.gelu's result to the tensor dtype before the multiply
-        gelu = gelu.to(out_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(out_ptr + r * inter + c, (gelu * g).to(out_ptr.dtype.element_ty), mask=m)
+        if SPLIT == 0:
+            # the eager ops round F.gelu's result to the tensor dtype before the multiply
+            gelu = gelu.to(out_ptr.dtype.element_ty).to(tl.float32)
+            tl.store(out_ptr + r * inter + c, (gelu * g).to(out_ptr.dtype.element_ty), mask=m)
+        else:   # a float32 result (nothing to round), written as the split GEMM's fp16 parts
+            _store_split(out_ptr + r * (SPLIT * inter) + c, gelu * g, inter, m, SPLIT)
 
     return triton, rope_qk_kernel, gelu_gate_kernel
 
@@ -86,6 +118,7 @@ def _norm_kernel():
     """Built apart from `_kernels()`, whose (triton, rope, gelu) triple callers unpack."""
     import triton
     import triton.language as tl
+    split_store()
 
     # ROWS rows of the [N, d] residual stream per program, each whole row in registers (BLOCK =
     # next_power_of_2(d), masked past d): one row at the real d = 1024, several at small widths so a
@@ -94,7 +127,7 @@ def _norm_kernel():
     # per model) stays specialised, its divisibility by 16 vectorises the row loads.
     @triton.jit(do_not_specialize=["n_rows"])
     def add_layer_norm_kernel(x_ptr, o_ptr, w_ptr, y_ptr, n_rows, d, eps,
-                              ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr):
+                              ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr):
         r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
         c = tl.arange(0, BLOCK)[None, :]
         cm = c < d
@@ -113,7 +146,10 @@ def _norm_kernel():
         rstd = tl.math.rsqrt(var + eps)
         w = tl.load(w_ptr + c, mask=cm, other=0.0).to(tl.float32)
         # torch's CUDA kernel: gamma * (rstd * (x - mean)), in fp32, one rounding to the dtype
-        tl.store(y_ptr + off, (w * (diff * rstd)).to(y_ptr.dtype.element_ty), mask=m)
+        if SPLIT == 0:
+            tl.store(y_ptr + off, (w * (diff * rstd)).to(y_ptr.dtype.element_ty), mask=m)
+        else:   # a float32 y, written as the split GEMM's fp16 parts
+            _store_split(y_ptr + r.to(tl.int64) * (SPLIT * d) + c, w * (diff * rstd), d, m, SPLIT)
 
     return triton, add_layer_norm_kernel
 
@@ -146,40 +182,50 @@ def rope_qk(qkv, cos, sin, position_ids, B: int, L: int, heads: int):
     return out
 
 
-def gelu_gate(x):
-    """gelu(x[:, :I]) * x[:, I:] for x [N, 2I] (contiguous) -> [N, I]."""
+def split_out(n: int, k: int, dtype, split: int, device, what: str):
+    """The output buffer: [n, k] of `dtype`, or with `split` (2 or 3 terms, float32 results only)
+    [n, split * k] fp16 in split_fp16's layout."""
     import torch
+    if not split:
+        return torch.empty((n, k), dtype=dtype, device=device)
+    if split not in (2, 3) or dtype != torch.float32:
+        raise ValueError("%s: split output needs a float32 result and 2 or 3 terms; got %s, %r" % (what, dtype, split))
+    return torch.empty((n, split * k), dtype=torch.float16, device=device)
+
+
+def gelu_gate(x, split: int = 0):
+    """gelu(x[:, :I]) * x[:, I:] for x [N, 2I] (contiguous) -> [N, I]; with `split` (float32 x) the
+    fp16 parts split_fp16(result, split) would make, [N, split * I]."""
     triton, _, kernel = _kernels()
     n, two_i = x.shape
     inter = two_i // 2
-    out = torch.empty((n, inter), dtype=x.dtype, device=x.device)
+    out = split_out(n, inter, x.dtype, split, x.device, "gelu_gate")
     block = min(1024, triton.next_power_of_2(inter))
-    kernel[(n, triton.cdiv(inter, block))](x, out, inter, BLOCK=block)
+    kernel[(n, triton.cdiv(inter, block))](x, out, inter, BLOCK=block, SPLIT=split)
     return out
 
 
-def _norm_launch(x, o, weight, eps: float, out_dtype=None):
-    import torch
+def _norm_launch(x, o, weight, eps: float, out_dtype=None, split: int = 0):
     triton, kernel = _norm_kernel()
     n, d = x.shape
     if not x.is_contiguous() or weight.shape != (d,) or (o is not None and (o.shape != x.shape or not o.is_contiguous())):
         raise ValueError("add_layer_norm: x, o contiguous [N, d], weight [d]; got %s %s %s"
                          % (tuple(x.shape), None if o is None else (tuple(o.shape), o.dtype), tuple(weight.shape)))
-    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    y = split_out(n, d, out_dtype or x.dtype, split, x.device, "add_layer_norm")
     block = triton.next_power_of_2(d)
     rows = max(1, 1024 // block)
     # ~1024 elements a program, 4 warps: 8 per thread, 16-byte loads at fp16 (d = 1024: one row)
     kernel[(triton.cdiv(n, rows),)](x, x if o is None else o, weight, y, n, d, float(eps), ROWS=rows, BLOCK=block,
-                                    HAS_RES=o is not None, num_warps=min(max(rows * block // 256, 1), 16))
+                                    HAS_RES=o is not None, SPLIT=split, num_warps=min(max(rows * block // 256, 1), 16))
     return y
 
 
-def add_layer_norm(x, o, weight, eps: float, out_dtype=None):
+def add_layer_norm(x, o, weight, eps: float, out_dtype=None, split: int = 0):
     """(x, y): x += o in place (rounded to x's dtype, as the eager `x + o`), y = layer_norm(x, (d,),
     weight, None, eps) in a new buffer of `out_dtype` (default x's). x, o: [N, d] contiguous, each of
     any float dtype (the residual stream x is float32 on CUDA, o a 16-bit or float32 GEMM output);
-    weight: [d]; fp32 maths."""
-    return x, _norm_launch(x, o, weight, eps, out_dtype)
+    weight: [d]; fp32 maths. With `split` (a float32 y) y comes as split_fp16(y, split) would make it."""
+    return x, _norm_launch(x, o, weight, eps, out_dtype, split)
 
 
 def layer_norm(x, weight, eps: float, out_dtype=None):
@@ -192,6 +238,7 @@ def layer_norm(x, weight, eps: float, out_dtype=None):
 def _split_kernel():
     import triton
     import triton.language as tl
+    split_store()
 
     # n_rows changes with every CUDA-graph bucket: not specialised (one compiled variant per width)
     @triton.jit(do_not_specialize=["n_rows"])
@@ -200,13 +247,7 @@ def _split_kernel():
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = c < k
         x = tl.load(x_ptr + r * k + c, mask=m, other=0.0).to(tl.float32)
-        hi = x.to(tl.float16)
-        lo = (x - hi.to(tl.float32)).to(tl.float16)       # exact difference, rounded once to fp16
-        row = out_ptr + r * (TERMS * k)
-        tl.store(row + c, hi, mask=m)
-        tl.store(row + k + c, lo, mask=m)
-        if TERMS == 3:
-            tl.store(row + 2 * k + c, hi, mask=m)
+        _store_split(out_ptr + r * (TERMS * k) + c, x, k, m, TERMS)
 
     return triton, split_kernel
 

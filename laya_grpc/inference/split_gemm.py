@@ -59,8 +59,11 @@ class SplitLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         from . import cuda_kernels as ck
-        x = x.float().contiguous()
-        x3 = ck.split_fp16(x, self.terms)
+        return self.on_split(ck.split_fp16(x.float().contiguous(), self.terms))
+
+    def on_split(self, x3: torch.Tensor) -> torch.Tensor:
+        """y for an input already in split form, [N, terms * K] fp16 (what `split_fp16` makes; the
+        fused encoder's norm and GELU-gate kernels write it so themselves)."""
         y = _mm16_fp32(x3, self.w.t())          # fp16 tensor cores, fp32 accumulation and output
         if self.scale != 1.0:
             y.mul_(self.scale)

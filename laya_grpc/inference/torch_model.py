@@ -241,10 +241,19 @@ class LayaTorch(nn.Module):
                     split[id(lin)] = SplitLinear(lin.weight)
         self.kernels, self.precision, self._split = "fused", p, split
 
-    def _gemm(self, lin, x, out_dtype=None):
-        """lin(x) on the fused path: float32-accurate where split (precision.py), else in the weights'
-        dtype, with a float32 result when `out_dtype` asks for it (no rounding before the residual add)."""
+    def _terms(self, lin, dtype) -> int:
+        """How many fp16 parts lin's input is split into (split_gemm.py), when the kernel making that
+        input writes it split: lin float32-accurate and the input float32; else 0."""
         sp = self._split.get(id(lin))
+        return sp.terms if sp is not None and dtype == torch.float32 else 0
+
+    def _gemm(self, lin, x, out_dtype=None, split: bool = False):
+        """lin(x) on the fused path: float32-accurate where split (precision.py), else in the weights'
+        dtype, with a float32 result when `out_dtype` asks for it (no rounding before the residual add).
+        `split`: x is already in split form (its kernel wrote it so, `_terms`)."""
+        sp = self._split.get(id(lin))
+        if split:
+            return sp.on_split(x)
         if sp is not None:
             return sp(x)
         if out_dtype is not None and out_dtype != x.dtype:
@@ -313,22 +322,24 @@ class LayaTorch(nn.Module):
         pos = None if position_ids is None else position_ids.contiguous()
         scale = hd ** -0.5
 
-        def attend(qkv, kind):
+        def attend(qkv, kind, split):
             if one_kernel:
-                return ca.attention(qkv, *tables[kind], lengths, B, L, H, spec.sliding_window, kind == SLIDING, scale)
+                return ca.attention(qkv, *tables[kind], lengths, B, L, H, spec.sliding_window, kind == SLIDING, scale,
+                                    split=split)
             qk = ck.rope_qk(qkv, *tables[kind], pos, B, L, H)            # [2, N, H, hd]
             q = qk[0].view(B, L, H, hd).transpose(1, 2)
             k = qk[1].view(B, L, H, hd).transpose(1, 2)
             v = qkv.view(B, L, 3, H, hd)[:, :, 2].transpose(1, 2)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[kind], scale=scale)
-            return a.transpose(1, 2).reshape(N, d)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[kind], scale=scale).transpose(1, 2).reshape(N, d)
+            return ck.split_fp16(a.contiguous(), split) if split else a
 
         return self._fused_stack(input_ids.reshape(N), attend).view(B, L, d)
 
     def _fused_stack(self, ids, attend) -> torch.Tensor:
         """The encoder's layers over a flat token stream ids [N] -> final hidden states [N, d] (in the
         residual's dtype: float32 on the served path): every step is per token except
-        `attend(qkv [N, 3d], layer kind) -> [N, d]`, which the padded and the packed forwards supply
+        `attend(qkv [N, 3d], layer kind, split) -> [N, d]` (with `split`, Wo's split form of it), which
+        the padded and the packed forwards supply
         (encode_fused, forward_packed). The residual stream x is `precision.residual` (float32); the
         GEMMs read y, its normed copy in the weights' dtype."""
         from . import cuda_kernels as ck
@@ -338,19 +349,26 @@ class LayaTorch(nn.Module):
         x = ck.layer_norm(enc.embeddings.tok_embeddings(ids), norm.weight, norm.eps, out_dtype=p.residual)
         y = x if x.dtype == cdt else x.to(cdt)   # Wqkv's input; layer 0 has no attn_norm (the embedding norm ran)
         last = len(enc.layers) - 1
+        qkv_terms = 0   # y is in split form for Wqkv (the norm before it wrote it so)
         for i, (layer, kind) in enumerate(zip(enc.layers, self.spec.layer_types)):
-            a = attend(self._gemm(layer.attn.Wqkv, y), kind)                 # [N, d]
-            # x += a Wo^T in place, y = mlp_norm(x); then x += MLP(y), y = the next norm of x
-            x, y = ck.add_layer_norm(x, self._gemm(layer.attn.Wo, a, p.residual_gemm_out), layer.mlp_norm.weight,
-                                     layer.mlp_norm.eps, out_dtype=cdt)
-            o = self._gemm(layer.mlp.Wo, ck.gelu_gate(self._gemm(layer.mlp.Wi, y)), p.residual_gemm_out)
+            # x += a Wo^T in place, y = mlp_norm(x); then x += MLP(y), y = the next norm of x. The kernel
+            # whose output feeds a float32-accurate GEMM writes it in that GEMM's split form.
+            ao_terms = self._terms(layer.attn.Wo, cdt)
+            wi_terms, wo_terms = self._terms(layer.mlp.Wi, cdt), self._terms(layer.mlp.Wo, cdt)
+            a = attend(self._gemm(layer.attn.Wqkv, y, split=qkv_terms > 0), kind, ao_terms)   # [N, d]
+            x, y = ck.add_layer_norm(x, self._gemm(layer.attn.Wo, a, p.residual_gemm_out, split=ao_terms > 0),
+                                     layer.mlp_norm.weight, layer.mlp_norm.eps, out_dtype=cdt, split=wi_terms)
+            gate = ck.gelu_gate(self._gemm(layer.mlp.Wi, y, split=wi_terms > 0), split=wo_terms)
+            o = self._gemm(layer.mlp.Wo, gate, p.residual_gemm_out, split=wo_terms > 0)
             nxt = enc.layers[i + 1].attn_norm if i < last else enc.final_norm
             if nxt is None:                               # an identity norm (ModernBERT: layer 0's only)
                 x = x.add_(o)
-                y = x if x.dtype == cdt else x.to(cdt)
+                y, qkv_terms = (x if x.dtype == cdt else x.to(cdt)), 0
             else:
                 # the final norm's output is the head's input: in the residual's dtype
-                x, y = ck.add_layer_norm(x, o, nxt.weight, nxt.eps, out_dtype=p.residual if i == last else cdt)
+                qkv_terms = self._terms(enc.layers[i + 1].attn.Wqkv, cdt) if i < last else 0
+                x, y = ck.add_layer_norm(x, o, nxt.weight, nxt.eps, out_dtype=p.residual if i == last else cdt,
+                                         split=qkv_terms)
         return y
 
     def forward_packed(self, ids, tok_qtype, starts, lengths, blk_seg, blk_m0, marker_pos, marker_mask,
@@ -372,9 +390,9 @@ class LayaTorch(nn.Module):
         tables = {kind: self._rope(spec.rope_theta[kind], max_len, ids.device, dtype) for kind in set(spec.layer_types)}
         scale = hd ** -0.5
 
-        def attend(qkv, kind):
+        def attend(qkv, kind, split):
             return ca.attention_packed(qkv, *tables[kind], starts, lengths, blk_seg, blk_m0, H, window,
-                                       kind == SLIDING, scale)
+                                       kind == SLIDING, scale, split=split)
 
         h = self._fused_stack(ids, attend)
         h = h.to(self.type_emb.weight.dtype) + self.type_emb(tok_qtype)
