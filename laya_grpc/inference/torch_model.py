@@ -404,9 +404,10 @@ class LayaTorch(nn.Module):
                 sp = self._split.get(id(sa))
                 y = layer.norm1(h)
                 qkv = sp(y) if sp is not None else F.linear(y, sa.in_proj_weight, sa.in_proj_bias)
+                terms = self._terms(sa.out_proj, qkv.dtype)
                 a = ca.attention_packed(qkv, None, None, starts, lengths, blk_seg, blk_m0, nh, 0, False,
-                                        (d // nh) ** -0.5, rope=False)
-                h = h + self._gemm(sa.out_proj, a)
+                                        (d // nh) ** -0.5, rope=False, split=terms)
+                h = h + self._gemm(sa.out_proj, a, split=terms > 0)
                 h = h + self._gemm(layer.linear2, F.relu(self._gemm(layer.linear1, layer.norm2(h))))
         S = marker_pos.shape[0]
         sdt = self.scorer[1].weight.dtype
