@@ -10,10 +10,10 @@ from laya_proto.v1 import status_pb2
 S = status_pb2
 
 
-def health_payload(services) -> dict:
-    """Live facts for /health (the HTTP app adds `ready` from the gateway's Readiness and fills
-    upstream's remaining fields from these)."""
-    st = services.inference.status
+def health_payload(watch) -> dict:
+    """Live facts for /health from the backends' watch (backends.py `BackendWatch`); the HTTP app adds
+    `ready` from the gateway's Readiness and fills upstream's remaining fields from these."""
+    st = watch.inference.status
     cps = list(st.checkpoints) if st is not None else []
     loaded = [c for c in cps if c.state == S.STATE_READY]
     devices = {c.name: c.device for c in loaded}
@@ -36,6 +36,6 @@ def health_payload(services) -> dict:
         "preparing": [c.name for c in cps if c.state == S.STATE_PREPARING],
         "services": {("%s@%s" % (b.service, b.address)): {"state": S.State.Name(b.state).removeprefix("STATE_").lower(),
                                                           "detail": b.detail, "restarts_seen": b.downs}
-                     for b in services.backends},
+                     for b in watch.backends},
         "queue_depth": st.queue_depth if st is not None else 0,
     }
