@@ -2,7 +2,7 @@
 launch before every GEMM: the same model, both forms captured as CUDA graphs side by side in one
 process, replayed in turn (A, B, A, B ...) per packed shape.
 
-Prints per shape: graph replay ms of each (median of `--rounds` rounds of `--iters` replays), the
+Prints per shape: graph replay ms of each (median of `--rounds` rounds of `--iters` replays, each after 10 unmeasured ones), the
 median ratio A/B with a bootstrap 95% interval, kernel launches per forward of each (one eager
 forward under torch.profiler), and whether the two forms' outputs are equal bit for bit (they must
 be: the same float32 values, the same two roundings; tests/test_precision.py checks it on CPU).
@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from benchmarks.model_speed import Out, ensure_large
+from benchmarks.model_speed import Out, ensure_large, replay_ms
 
 SHAPES = ((1, 132, 3), (1, 512, 5), (8, 132, 3), (64, 132, 3), (120, 132, 3))   # rows, tokens, markers
 
@@ -42,16 +42,6 @@ def launches(torch, fwd, rows) -> int:
         fwd.forward(rows, 0)
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
-
-
-def replay_ms(torch, graph, iters: int) -> float:
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
-        graph.replay()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) / iters
 
 
 def main(argv=None) -> int:
@@ -90,8 +80,6 @@ def main(argv=None) -> int:
         same = all(np.array_equal(x, y) for x, y in zip(outs["A"], outs["B"]))
         diff = max(float(np.abs(x - y).max()) for x, y in zip(outs["A"], outs["B"]))
         t = {"A": [], "B": []}
-        for name in ("A", "B"):
-            replay_ms(torch, graphs[name], 5)
         for r in range(a.rounds):
             for name in (("A", "B") if r % 2 == 0 else ("B", "A")):
                 t[name].append(replay_ms(torch, graphs[name], a.iters))
