@@ -56,8 +56,11 @@ def check_kernels(torch) -> list[str]:
 
 
 def check_split_outputs(torch, g) -> list[str]:
-    """The kernels that write a split GEMM's input (`split=`: add_layer_norm, gelu_gate, attention,
-    attention_packed) must write exactly `split_fp16` of their float32 output, bit for bit."""
+    """The kernels that write a split GEMM's input (`split=`: add_layer_norm, gelu_gate, attention)
+    against `split_fp16` of their float32 output: hi bit for bit; lo within 2^-20 |hi| + 2^-24. The
+    compiler may contract the last product into lo's subtraction (an FMA: lo = v_exact - hi, not
+    fp32(v_exact) - hi), which moves lo by at most 2^-23 |v| before its fp16 rounding and one fp16
+    ulp of lo (<= 2^-21 |hi|) after it; 2^-24 is fp16's subnormal spacing."""
     from laya_grpc.inference import cuda_attention as ca
     from laya_grpc.inference import cuda_kernels as ck
     bad = []
@@ -81,9 +84,15 @@ def check_split_outputs(torch, g) -> list[str]:
             if name == "attention":   # rows past a row's length are not written: compare the written ones
                 keep = torch.cat([torch.arange(160), 160 + torch.arange(97)]).to("cuda")
                 got, plain = got[keep], plain[keep]
-            same = residual_same and torch.equal(got, ck.split_fp16(plain.contiguous(), terms))
-            print("%s split=%d: equal to split_fp16 of the float32 output bit for bit: %s" % (name, terms, same),
-                  flush=True)
+            ref = ck.split_fp16(plain.contiguous(), terms)
+            k = plain.shape[1]
+            hi_same = torch.equal(got[:, :k], ref[:, :k]) and (terms == 2 or torch.equal(got[:, 2 * k:], ref[:, 2 * k:]))
+            dlo = (got[:, k:2 * k].double() - ref[:, k:2 * k].double()).abs()
+            bound = ref[:, :k].double().abs() * 2.0 ** -20 + 2.0 ** -24
+            lo_ok = bool((dlo <= bound).all())
+            same = residual_same and hi_same and lo_ok
+            print("%s split=%d: hi bit-equal %s, lo within the FMA bound %s (max |dlo| %.3g, %d of %d lo differ)"
+                  % (name, terms, hi_same, lo_ok, float(dlo.max()), int((dlo > 0).sum()), dlo.numel()), flush=True)
             if not same:
                 bad.append("%s split=%d" % (name, terms))
     return bad

@@ -177,7 +177,9 @@ def test_served_precision_tracks_cpu_float32(tiny_ckpt, monkeypatch):
 def test_kernels_write_the_split_form_bit_for_bit(terms):
     """`add_layer_norm(..., split=)` and `gelu_gate(split=)` write exactly what `split_fp16` makes of
     their float32 output (the same fp32 value, the same two roundings), so a split GEMM reading them
-    multiplies the same operands. Values span fp16's range, subnormal lows and exact halves included."""
+    multiplies the same operands. Values span fp16's range, subnormal lows and exact halves included.
+    (Triton's interpreter: compiled for a GPU, lo may take an FMA's extra bits, cuda_kernels.split_store;
+    benchmarks/cuda_check.py checks that bound there.)"""
     g = torch.Generator().manual_seed(3)
     n, d = 5, 96
     x = (torch.randn(n, d, generator=g) * torch.logspace(-3, 3, d)).float()
@@ -203,8 +205,9 @@ def test_split_output_needs_a_float32_result():
 
 
 def test_exact_mode_forward_is_unchanged_by_split_writing_kernels(tiny_ckpt, monkeypatch):
-    """The exact mode's packed forward with the norms and GELU gate writing their split GEMM's input
-    equals, bit for bit, the same forward with a separate `split_fp16` launch before every GEMM; and
+    """The exact mode's packed forward with the norms, GELU gate and attention writing their split
+    GEMM's input equals, bit for bit here (interpreted; on a GPU within the FMA's bits,
+    cuda_kernels.split_store), the same forward with a separate `split_fp16` launch before every GEMM; and
     it launches that kernel only where no fused kernel makes the input: layer 0's Wqkv (it reads the
     embedding norm's output, which is also the residual stream) and the decision head's GEMMs other
     than out_proj (eager norms and ReLU make their inputs)."""

@@ -32,8 +32,11 @@ def split_store():
     """`_store_split(ptr, v, k, mask, TERMS)`: float32 values v at ptr as fp16 parts k elements apart,
     [hi | lo] (TERMS 2) or [hi | lo | hi] (TERMS 3), hi = fp16(v), lo = fp16(v - hi): the layout
     split_gemm.SplitLinear multiplies. The kernels whose output feeds a split GEMM write it so
-    (`split=`), bit for bit what `split_fp16` makes of their float32 output, one launch and one
-    float32 round trip through memory fewer per GEMM."""
+    (`split=`): one launch and one float32 round trip through memory fewer per GEMM. hi is exactly
+    what `split_fp16` makes of their float32 output. lo is too in Triton's interpreter; compiled for
+    a GPU, the last product before it is contracted into lo's subtraction (an FMA), so lo holds
+    v_exact - hi rather than fp32(v_exact) - hi: the pair then lies at least as close to the exact
+    value, and lo differs from the separate launch's by at most 2^-23 |v| plus one fp16 rounding."""
     import triton
     import triton.language
 

@@ -63,7 +63,7 @@ class SplitLinear:
 
     def on_split(self, x3: torch.Tensor) -> torch.Tensor:
         """y for an input already in split form, [N, terms * K] fp16 (what `split_fp16` makes; the
-        fused encoder's norm and GELU-gate kernels write it so themselves)."""
+        fused encoder's norm, GELU-gate and attention kernels write it so themselves)."""
         y = _mm16_fp32(x3, self.w.t())          # fp16 tensor cores, fp32 accumulation and output
         if self.scale != 1.0:
             y.mul_(self.scale)
