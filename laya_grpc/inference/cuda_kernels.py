@@ -48,7 +48,7 @@ def split_store():
     @triton.jit
     def _store_split(ptr, v, k, mask, TERMS: tl.constexpr):
         hi = v.to(tl.float16)
-        lo = (v - hi.to(tl.float32)).to(tl.float16)       # exact difference, rounded once to fp16
+        lo = (v - hi.to(tl.float32)).to(tl.float16)       # the remainder (see above), rounded to fp16
         tl.store(ptr, hi, mask=mask)
         tl.store(ptr + k, lo, mask=mask)
         if TERMS == 3:
