@@ -348,7 +348,12 @@ def test_prometheus_metrics(tiny_ckpt):
 
 def test_concurrent_requests_share_infer_calls_and_answer_exactly(tiny_ckpt):
     """48 concurrent clients: every answer equals the one the same request gets alone, and under
-    load the gateway sends several requests' rows in one Infer call (seen in its metrics)."""
+    load the gateway sends several requests' rows in one Infer call (seen in its metrics).
+
+    "Equals" up to one served 4-decimal quantum: a request's rows in a larger batch go through
+    float32 GEMMs of another shape, whose kernels may sum in another order (ATEN_CPU_CAPABILITY
+    picks them), and a probability on a rounding boundary then lands one quantum away (1e-4, plus
+    the float error of the difference). Another request's rows answer this one differently by far more."""
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
     from stack import free_port
@@ -361,7 +366,7 @@ def test_concurrent_requests_share_infer_calls_and_answer_exactly(tiny_ckpt):
         with ThreadPoolExecutor(48) as pool:
             together = list(pool.map(lambda b: s.post("/v1/systemone", b)[1], bodies))
         for a, b in zip(alone, together):
-            assert_close(b, a, tol=1e-5)
+            assert_close(b, a, tol=1.5e-4)
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as r:
             text = r.read().decode()
         calls = float(text.split("laya_gateway_requests_per_infer_call_count ")[1].split()[0])
