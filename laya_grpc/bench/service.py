@@ -10,6 +10,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -82,7 +83,9 @@ class Served:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
         self.log.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)   # its log was read (and raised with) before this
 
 
 def gpu_used_by_pids() -> dict:
