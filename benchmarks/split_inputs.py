@@ -2,10 +2,11 @@
 launch before every GEMM: the same model, both forms captured as CUDA graphs side by side in one
 process, replayed in turn (A, B, A, B ...) per packed shape.
 
-Prints per shape: graph replay ms of each (median of `--rounds` rounds of `--iters` replays, each after 10 unmeasured ones), the
-median ratio A/B with a bootstrap 95% interval, kernel launches per forward of each (one eager
-forward under torch.profiler), and whether the two forms' outputs are equal bit for bit (they must
-be: the same float32 values, the same two roundings; tests/test_precision.py checks it on CPU).
+Prints per shape: graph replay ms of each (median of `--rounds` rounds of `--iters` replays, each
+after 10 unmeasured ones), the median ratio A/B with a bootstrap 95% interval, kernel launches per
+forward of each (one eager forward under torch.profiler), whether the two forms' outputs are equal
+bit for bit and their largest difference. In Triton's interpreter they are equal
+(tests/test_precision.py); compiled, lo may carry an FMA's extra bits (cuda_kernels.split_store).
 
 A is the separate `split_fp16` launch (the model's `_terms` answering 0), B the served form.
 `python -m benchmarks.split_inputs --ckpt DIR --out DIR`; makes the `large` checkpoint in DIR when

@@ -175,8 +175,8 @@ def test_served_precision_tracks_cpu_float32(tiny_ckpt, monkeypatch):
 
 @pytest.mark.parametrize("terms", [2, 3])
 def test_kernels_write_the_split_form_bit_for_bit(terms):
-    """`add_layer_norm(..., split=)` and `gelu_gate(split=)` write exactly what `split_fp16` makes of
-    their float32 output (the same fp32 value, the same two roundings), so a split GEMM reading them
+    """`add_layer_norm(..., split=)`, `gelu_gate(split=)` and `attention(split=)` write exactly what
+    `split_fp16` makes of their float32 output (the same fp32 value, the same two roundings), so a split GEMM reading them
     multiplies the same operands. Values span fp16's range, subnormal lows and exact halves included.
     (Triton's interpreter: compiled for a GPU, lo may take an FMA's extra bits, cuda_kernels.split_store;
     benchmarks/cuda_check.py checks that bound there.)"""
@@ -195,6 +195,13 @@ def test_kernels_write_the_split_form_bit_for_bit(terms):
     gate = ck.gelu_gate(u)
     gs = ck.gelu_gate(u, split=terms)
     assert gs.shape == (n, terms * 80) and torch.equal(gs, ck.split_fp16(gate, terms))
+    qkv = torch.randn(2 * 40, 3 * 2 * 16, generator=g)                   # 2 rows of 40, 2 heads of 16
+    cos, sin = torch.randn(64, 16, generator=g), torch.randn(64, 16, generator=g)
+    lengths = torch.tensor([40, 23], dtype=torch.int32)
+    a = ca.attention(qkv, cos, sin, lengths, 2, 40, 2, 8, True, 0.25)
+    a_s = ca.attention(qkv, cos, sin, lengths, 2, 40, 2, 8, True, 0.25, split=terms)
+    written = torch.cat([torch.arange(40), 40 + torch.arange(23)])    # rows past a row's length: not written
+    assert torch.equal(a_s[written], ck.split_fp16(a[written].contiguous(), terms))
 
 
 def test_split_output_needs_a_float32_result():

@@ -353,7 +353,8 @@ def test_concurrent_requests_share_infer_calls_and_answer_exactly(tiny_ckpt):
     "Equals" up to one served 4-decimal quantum: a request's rows in a larger batch go through
     float32 GEMMs of another shape, whose kernels may sum in another order (ATEN_CPU_CAPABILITY
     picks them), and a probability on a rounding boundary then lands one quantum away (1e-4, plus
-    the float error of the difference). Another request's rows answer this one differently by far more."""
+    the float error of the difference). An answer from another request's rows passes only where
+    every probability of the two requests lies within that quantum."""
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
     from stack import free_port

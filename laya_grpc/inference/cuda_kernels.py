@@ -16,8 +16,9 @@ Here each is one pass:
   residual x may be float32 while o and y are 16-bit: the residual stream then never rounds to 16
   bits (what keeps the served answers close to CPU fp32, docs/precision.md);
 - `split_fp16`: a float32 activation as a pair of fp16 halves (hi, lo) for the tensor-core GEMMs of
-  split_gemm.py, which keep float32 accuracy at fp16 speed. `add_layer_norm` and `gelu_gate` write
-  that form themselves (`split=`) when their output feeds such a GEMM: one launch fewer each.
+  split_gemm.py, which keep float32 accuracy at fp16 speed. `add_layer_norm`, `gelu_gate` and
+  cuda_attention.py's kernel write that form themselves (`split=`, `split_store`) when their output
+  feeds such a GEMM: one launch fewer each.
 
 Triton imports lazily: on a host without it `available()` says why, and the CPU tests run these
 same kernels through Triton's interpreter (TRITON_INTERPRET=1, tests/test_fused_encoder.py).
