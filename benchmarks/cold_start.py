@@ -44,8 +44,10 @@ from laya_grpc.bench.service import READY_LINE
 from laya_grpc.inference import kernel_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the service's own timing lines: device init, load, graph capture, warm-up, kernel cache, ready
-TIMING_LINE = re.compile(r"initialised in|loaded .* in|captured \d+ CUDA graphs|ready on|kernel cache|laya-grpc: ready")
+# the service's own timing lines: torch imported, device init, load, kernel compiles, graph capture, warm-up,
+# kernel cache, ready
+TIMING_LINE = re.compile(r"torch CPU threads|initialised in|loaded .* in|kernel variants|captured \d+ CUDA graphs|ready on|"
+                         r"kernel cache|laya-grpc: ready")
 READY_IN = re.compile(r"laya-grpc: ready in ([0-9.]+) s")
 CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH")
 TARGETS = {"B empty": 8.0, "B image cache": 5.0}   # process to ready, seconds (the GPU engine's targets)
@@ -133,7 +135,7 @@ def serve_once(a, side: str, tree: str, cache: str, label: str, rnd: int, rec) -
                serve_ready_in_s=float(m.group(1)) if m else None, first_short_ms=round(first_short, 2),
                first_t512_ms=round(first_long, 2), warm_short_p50_ms=round(statistics.median(warm), 2),
                kernels_before=before, kernels_after=kernels_in(cache),
-               timing_lines=[ln[-200:] for ln in text.splitlines() if TIMING_LINE.search(ln)][-14:])
+               timing_lines=[ln[-200:] for ln in text.splitlines() if TIMING_LINE.search(ln)][-16:])
 
 
 def _stop(proc: subprocess.Popen) -> None:

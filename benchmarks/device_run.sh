@@ -5,6 +5,8 @@
 #   profile  kernel time per name in one forward (benchmarks/gpu_profile.py; STUDIES=kernels,hops,gemms;
 #          DTYPE=float32, the served default, or float16);
 #          start-up with an empty and a filled kernel cache is benchmarks/cold_start.sh
+#   startup  an inference process's start-up phase by phase, three ways to capture the warm set, empty and
+#          filled Triton cache (benchmarks/startup_phases.py; DTYPE=float32, the served default)
 #   model  model time per encoder mode, warm-set capture, parity (benchmarks/model_speed.py, large preset;
 #          MODEL_DTYPE=float16, or float32 with MODES=packed,fused)
 #   bench  the side-by-side suite: upstream eager, our engine, gRPC, HTTP (`laya-grpc bench`);
@@ -40,6 +42,10 @@ case ",$PHASES," in *,parity,*)
   timeout ${PARITY_TIMEOUT:-300} python3 -m laya_grpc.bench.parity --work-dir /tmp/lb --preset large \
     --conditionings ${CONDITIONINGS:-default,flat,sharp,heavy} --dtypes ${DTYPES:-auto,float16} \
     --latency-n ${LATENCY_N:-50} --out $OUT/parity.jsonl 2>&1 | grep -v '"kind": "parity_served' | tail -c 6000 ;;
+esac
+case ",$PHASES," in *,startup,*)
+  timeout ${STARTUP_TIMEOUT:-300} python3 -m benchmarks.startup_phases --ckpt /tmp/lb/large --out $OUT \
+    --dtype ${DTYPE:-float32} 2>&1 | grep -v '^{' ;;
 esac
 case ",$PHASES," in *,wakeup,*)
   python3 -m benchmarks.wakeup -n ${WAKEUP_N:-2000} 2>&1 | tee $OUT/wakeup.txt ;;

@@ -65,6 +65,17 @@ def test_graph_cache_is_lru_and_bounded():
     assert len(cache) == 0 and len(freed) == 3
 
 
+def test_graph_cache_takes_an_entry_built_elsewhere():
+    """The warm-up builds every bucket's buffers before it captures any (cuda_graphs.warm_graphs):
+    `get` with a capture of its own builds a missing key that way, counted and bounded like any."""
+    cache = GraphCache(2, capture=lambda k: ("default", k))
+    assert "a" not in cache
+    assert cache.get("a", lambda k: ("warm", k)) == ("warm", "a") and "a" in cache
+    assert cache.get("a", lambda k: ("again", k)) == ("warm", "a")   # present: not built again
+    cache.get("b"), cache.get("c", lambda k: ("warm", k))
+    assert cache.keys() == ["b", "c"] and (cache.hits, cache.captures, cache.evictions) == (1, 3, 1)
+
+
 @pytest.mark.parametrize("which", ["tiny_ckpt", "tiny_par_ckpt"])
 def test_bucket_padding_is_exact_for_real_rows(which, request):
     """Extra rows, token columns (padding queries far past tiny's 16-token window) and marker slots

@@ -68,3 +68,99 @@ def test_kernels_compile_for_sm90(tmp_path):
     out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "all variants compiled" in out.stdout, out.stdout
+
+
+# kernel_compile.ahead through Triton's own launch path on this CPU: a stand-in driver for an sm_90
+# device whose binary loads and launches are recorded (there is no GPU); Triton's compiler is real
+AHEAD_CHILD = r'''
+import json, sys, threading
+import torch, triton, triton.language as tl
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.backends.driver import DriverBase
+from triton.runtime import driver
+from laya_grpc.inference import kernel_compile
+
+LAUNCHES, LOADS = [], []
+
+class Utils:
+    def load_binary(self, name, kernel, shared, device):
+        LOADS.append([name, threading.current_thread().name])
+        return 1, 2, 32, 0, 1024
+    def get_device_properties(self, device):
+        return {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536, "warpSize": 32}
+
+class Launcher:
+    def __init__(self, src, metadata):
+        self.name = src.fn.__name__
+    def __call__(self, *args):
+        LAUNCHES.append(self.name)
+
+class SM90(DriverBase):
+    utils, launcher_cls = Utils(), Launcher
+    @classmethod
+    def is_active(cls): return True
+    def map_python_to_cpp_type(self, ty): return "void*"
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("cpu")
+    def get_benchmarker(self): raise NotImplementedError
+    def get_current_device(self): return 0
+    def get_current_stream(self, device): return 0
+
+driver.set_active(SM90())
+
+@triton.jit
+def scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
+
+@triton.jit
+def shift(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1, mask=i < n)
+
+@triton.jit
+def broken(x_ptr, BLOCK: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, BLOCK), tl.load(x_ptr + tl.arange(0, BLOCK)) @ 1)
+
+x, y = torch.zeros(4096), torch.zeros(4096)
+
+def step():
+    for blk in (128, 256):   # two constexpr values: two variants of each kernel
+        scale[(1,)](x, y, 4096, BLOCK=blk)
+        shift[(1,)](x, y, 4096, BLOCK=blk)
+        scale[(1,)](x, y, 4096, BLOCK=blk)
+
+out = {"variants": kernel_compile.ahead([step, step], -1), "launches_ahead": len(LAUNCHES), "loads": LOADS[:],
+       "hook_after": knobs.runtime.jit_cache_hook is not None}
+step()
+out["launches_after"], out["loads_after"] = LAUNCHES[:], len(LOADS)
+try:
+    kernel_compile.ahead([lambda: broken[(1,)](x, BLOCK=64)], -1)
+    out["broken"] = "no error"
+except Exception as e:
+    out["broken"] = type(e).__name__
+out["hook_after_error"] = knobs.runtime.jit_cache_hook is not None
+print(json.dumps(out))
+'''
+
+
+def test_ahead_compiles_each_variant_once_on_the_pool_and_launches_nothing(tmp_path):
+    """kernel_compile.ahead (what TorchRunner.warm runs before its captures): the dry passes launch
+    nothing; each kernel variant compiles and loads once, on the pool's threads, including two
+    functions whose variants share one specialization key (Triton's key is per function); the real
+    pass after it compiles and loads nothing and launches every kernel; a compile error is raised;
+    Triton's hook is unset afterwards either way."""
+    import json
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    script = tmp_path / "ahead_child.py"   # a file: @triton.jit reads its kernels' source
+    script.write_text(AHEAD_CHILD)
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["variants"] == 4 and out["launches_ahead"] == 0, out
+    assert sorted(name for name, _ in out["loads"]) == ["scale", "scale", "shift", "shift"], out
+    assert all(thread.startswith("kernel-compile") for _, thread in out["loads"]), out
+    assert out["launches_after"] == ["scale", "shift", "scale"] * 2 and out["loads_after"] == 4, out
+    assert out["broken"] != "no error" and not out["hook_after"] and not out["hook_after_error"], out

@@ -137,6 +137,33 @@ def fill_bucket(views: dict, batch: dict, b: Bucket) -> int:
     return n
 
 
+def warm_graphs(cache: "GraphCache", buckets: list, buffers: Callable, stream, pool, device) -> int:
+    """Capture the graph of each bucket missing from `cache`. Every bucket's buffers come first, then
+    one dry pass of each bucket's step on the capture stream compiles the Triton kernels they launch
+    side by side (kernel_compile.ahead), then the captures, which compile nothing. Returns the kernel
+    variants compiled or read from the disk cache."""
+    import torch
+    from . import kernel_compile
+    entries = {b: buffers(b) for b in dict.fromkeys(buckets) if b not in cache}
+    if not entries:
+        return 0
+    stream.wait_stream(torch.cuda.current_stream(device))   # the buffers' fills are on the current stream
+
+    def dry(step):
+        def run():
+            with torch.inference_mode(), torch.cuda.stream(stream):
+                step()
+        return run
+    variants = kernel_compile.ahead([dry(e.step) for e in entries.values()], device)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    for b, entry in entries.items():
+        def capture(_b, entry=entry):
+            entry.graph = capture_graph(entry.step, stream, pool, device)
+            return entry
+        cache.get(b, capture)
+    return variants
+
+
 def capture_graph(step: Callable[[], None], stream, pool, device):
     """`step` captured as a CUDA graph on `stream` in memory `pool`, after one eager pass on that stream
     (kernels, library handles and workspaces are set up outside the capture)."""
@@ -176,14 +203,18 @@ class GraphCache:
     def keys(self) -> list:
         return list(self._entries)
 
-    def get(self, key: Hashable):
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def get(self, key: Hashable, capture: Optional[Callable[[Hashable], object]] = None):
+        """The entry of `key`, built by `capture` (default: the cache's own) when it is missing."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
                 self.hits += 1
                 return entry
-        entry = self._capture(key)
+        entry = (capture or self._capture)(key)
         with self._lock:
             self.captures += 1
             self._entries[key] = entry
@@ -214,6 +245,12 @@ class CudaGraphForward:
 
     # -- capture ---------------------------------------------------------------------------
     def _capture(self, b: Bucket):
+        entry = self._buffers(b)
+        entry.graph = capture_graph(entry.step, self._stream, self._pool, self.dev)
+        return entry
+
+    def _buffers(self, b: Bucket):
+        """A bucket's static buffers and forward step, not captured yet."""
         torch = self._torch
         n_in = sum(field_sizes(b, self.parallel).values())
         # zeros, not empty: reused pinned memory holds old bytes, and a stale token id past the vocabulary
@@ -235,15 +272,14 @@ class CudaGraphForward:
             out[:, : b.markers].copy_(logits)
             out[:, b.markers:].copy_(act)
 
-        return _Captured(b, capture_graph(step, self._stream, self._pool, self.dev), host_in, dev_in, hv, out, host_out)
+        return _Captured(b, None, host_in, dev_in, hv, out, host_out, step)
 
     @staticmethod
     def _release(entry) -> None:
         entry.graph.reset()
 
-    def warm(self, buckets: list) -> None:
-        for b in buckets:
-            self.cache.get(b)
+    def warm(self, buckets: list) -> int:
+        return warm_graphs(self.cache, buckets, self._buffers, self._stream, self._pool, self.dev)
 
     # -- hot path ---------------------------------------------------------------------------
     def forward(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -278,7 +314,7 @@ class _Captured:
     host_views: dict      # numpy views of host_in by field
     out: object           # device float32 [rows, markers + n_act]; the graph writes it
     host_out: object      # pinned twin of out
-    step: object = None   # PackedForward: the forward itself (run eagerly when there is no graph)
+    step: object = None   # the forward the graph captures (PackedForward without graphs runs it eagerly)
 
 
 class PackedForward:
@@ -303,6 +339,13 @@ class PackedForward:
         self._started: Optional[Started] = None   # the forward `start` queued last, until its outputs are kept
 
     def _build(self, b):
+        entry = self._buffers(b)
+        if self.use_graphs:
+            entry.graph = capture_graph(entry.step, self._stream, self._pool, self.dev)
+        return entry
+
+    def _buffers(self, b):
+        """A bucket's static buffers, filled with a valid empty batch, and its forward step."""
         torch = self._torch
         n_in = sum(b.sizes().values())
         pinned = self.dev.type == "cuda"
@@ -319,23 +362,18 @@ class PackedForward:
             out[:, : b.markers].copy_(logits)
             out[:, b.markers:].copy_(act)
 
-        entry = _Captured(b, None, host_in, dev_in, hv, out, host_out, step)
-        if not self.use_graphs:
-            return entry
         # a valid dummy batch for the warm-up and capture passes: every slot empty, spare blocks only
         fill(hv, PackedRows.from_rows([]), b, 0)
         dev_in.copy_(host_in)
-        entry.graph = capture_graph(step, self._stream, self._pool, self.dev)
-        return entry
+        return _Captured(b, None, host_in, dev_in, hv, out, host_out, step)
 
     @staticmethod
     def _release(entry) -> None:
         if entry.graph is not None:
             entry.graph.reset()
 
-    def warm(self, buckets: list) -> None:
-        for b in buckets:
-            self.cache.get(b)
+    def warm(self, buckets: list) -> int:
+        return warm_graphs(self.cache, buckets, self._buffers, self._stream, self._pool, self.dev)
 
     def forward(self, rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
         """One bucket's worth of rows (PackedPlan.split) -> (logits [n, K bucket], act [n, n_act])."""

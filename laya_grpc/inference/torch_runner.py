@@ -81,12 +81,9 @@ class TorchRunner:
         buckets = (self.packing.warm_buckets() if self.packing is not None
                    else self.graphs.plan.warm_buckets(self.max_batch_tokens))
         t0 = time.perf_counter()
-        self.graphs.warm(buckets[:1])   # the first capture also compiles/loads the kernels: timed apart
-        t1 = time.perf_counter()
-        self.graphs.warm(buckets[1:])
-        t2 = time.perf_counter()
-        log.info("captured %d CUDA graphs in %.0f ms (the first, with kernel compiles, %.0f ms; %s kernels, %s rows)",
-                 len(buckets), (t2 - t0) * 1e3, (t1 - t0) * 1e3, self.kernels,
+        variants = self.graphs.warm(buckets)
+        log.info("captured %d CUDA graphs in %.0f ms (%d Triton kernel variants compiled or read first; %s kernels, "
+                 "%s rows)", len(buckets), (time.perf_counter() - t0) * 1e3, variants, self.kernels,
                  "packed" if self.packing is not None else "padded")
         return len(self.graphs.cache)
 

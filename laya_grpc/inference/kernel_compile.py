@@ -1,0 +1,97 @@
+"""Compile every Triton kernel a warm-up will launch side by side, before the warm-up launches them.
+
+Why: a forward compiles each Triton kernel variant the first time it reaches it, one after another.
+On an empty kernel cache that was about 7 s of the 16 s an H200 took from process start to ready
+(`docs/performance.md`, Start-up). Triton's compiler spends most of a compile outside the GIL (MLIR
+and LLVM passes, ptxas, the C compiler that builds a launcher), so the variants compile on a thread
+pool in about the time of the slowest one.
+
+How (`ahead`): each warm-up step runs once as a dry pass, with Triton's `jit_cache_hook` set. The
+hook sees every kernel variant this process has not loaded yet, hands it to Triton's asynchronous
+compile mode (`preload` of its specialization, which takes the same path as a launch's compile),
+and tells Triton to skip that launch. The torch operations of a dry pass still run, on whatever the
+skipped kernels left in their outputs: nothing reads those results, and no index a dry pass uses
+comes from a Triton kernel. Each pool thread also loads its kernel onto the device and builds its
+launcher, so the passes after `ahead` compile and load nothing. A variant already in the disk cache
+is read, not compiled, also on the pool. A compile error is raised by `ahead`, as it would be by
+the launch.
+
+The dry pass costs the torch operations of one forward per step. It runs on the stream the graphs
+are captured on, so what torch sets up per stream (the cuBLAS workspace) is in place before the
+capture.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Callable, Iterable
+
+from laya_grpc.core.runtime import cpu_quota
+
+log = logging.getLogger("laya_grpc.inference.kernel_compile")
+
+
+class _LoadingPool(Executor):
+    """An executor whose tasks also load the compiled kernel onto `device` and build its launcher
+    (Triton does both lazily at a kernel's first launch: `CompiledKernel._init_handles`)."""
+
+    def __init__(self, device, workers: int):
+        self._device, self._pool = device, ThreadPoolExecutor(workers, thread_name_prefix="kernel-compile")
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        def compile_and_load():
+            import torch
+            with torch.cuda.device(self._device):   # Triton loads onto the thread's current device
+                kernel = fn(*args, **kwargs)
+                kernel._init_handles()
+            return kernel
+        return self._pool.submit(compile_and_load)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def ahead(steps: Iterable[Callable[[], None]], device) -> int:
+    """Run each step as a dry pass that compiles, loads and skips every Triton kernel variant it
+    reaches (see the module docstring); returns the variants compiled or read. On the device thread,
+    with the same device current as the real passes after it."""
+    from triton import knobs
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    if knobs.runtime.jit_cache_hook is not None:
+        raise RuntimeError("Triton's jit_cache_hook is already set; kernels cannot compile ahead")
+    seen: set = set()
+    inside = []   # a preload's own compile calls the hook again: let it through
+
+    def hook(*, key, fn, compile, **_):
+        if inside:
+            return False
+        variant = (fn.jit_function, key)   # the key is one function's: two kernels may share one
+        if variant not in seen:
+            seen.add(variant)
+            inside.append(variant)
+            try:
+                fn.jit_function.preload(compile["specialization_data"])
+            finally:
+                inside.pop()
+        return True   # no launch: the variant is compiling on the pool
+
+    t0 = time.perf_counter()
+    pool = _LoadingPool(device, cpu_quota.pool_size(16))
+    try:
+        with AsyncCompileMode(pool):
+            knobs.runtime.jit_cache_hook = hook
+            try:
+                for step in steps:
+                    step()
+            finally:
+                knobs.runtime.jit_cache_hook = None
+            t1 = time.perf_counter()
+        # leaving the mode waited for every compile and put each kernel in its function's cache
+    finally:
+        pool.shutdown()
+    if seen:
+        log.info("compiled or read %d kernel variants side by side in %.0f ms (dry passes %.0f ms)",
+                 len(seen), (time.perf_counter() - t0) * 1e3, (t1 - t0) * 1e3)
+    return len(seen)
