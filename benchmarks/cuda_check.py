@@ -57,10 +57,13 @@ def check_kernels(torch) -> list[str]:
 
 def check_split_outputs(torch, g) -> list[str]:
     """The kernels that write a split GEMM's input (`split=`: add_layer_norm, gelu_gate, attention)
-    against `split_fp16` of their float32 output: hi bit for bit; lo within 2^-20 |hi| + 2^-24. The
-    compiler may contract the last product into lo's subtraction (an FMA: lo = v_exact - hi, not
-    fp32(v_exact) - hi), which moves lo by at most 2^-23 |v| before its fp16 rounding and one fp16
-    ulp of lo (<= 2^-21 |hi|) after it; 2^-24 is fp16's subnormal spacing."""
+    against the same kernel's float32 output. What the GEMM multiplies is the pair's value hi + lo
+    (the third part of split=3 repeats hi), so that is what must hold: |hi + lo - v| <= 2^-20 |v| +
+    2^-24 for the plain kernel's v. The split kernel is another compile of the same code: the
+    compiler may order a row's sums differently (the norm's mean and variance) or contract a product
+    into an FMA, which moves its float32 value by a few ulps (2^-23 |v| each); lo's fp16 rounding
+    adds at most 2^-23 |v|; 2^-24 is fp16's subnormal spacing. Hi bit for bit against `split_fp16` of
+    v is printed too: a value a few ulps away may round hi to its neighbour, with lo making up for it."""
     from laya_grpc.inference import cuda_attention as ca
     from laya_grpc.inference import cuda_kernels as ck
     bad = []
@@ -86,13 +89,17 @@ def check_split_outputs(torch, g) -> list[str]:
                 got, plain = got[keep], plain[keep]
             ref = ck.split_fp16(plain.contiguous(), terms)
             k = plain.shape[1]
-            hi_same = torch.equal(got[:, :k], ref[:, :k]) and (terms == 2 or torch.equal(got[:, 2 * k:], ref[:, 2 * k:]))
-            dlo = (got[:, k:2 * k].double() - ref[:, k:2 * k].double()).abs()
-            bound = ref[:, :k].double().abs() * 2.0 ** -20 + 2.0 ** -24
-            lo_ok = bool((dlo <= bound).all())
-            same = residual_same and hi_same and lo_ok
-            print("%s split=%d: hi bit-equal %s, lo within the FMA bound %s (max |dlo| %.3g, %d of %d lo differ)"
-                  % (name, terms, hi_same, lo_ok, float(dlo.max()), int((dlo > 0).sum()), dlo.numel()), flush=True)
+            hi_same = torch.equal(got[:, :k], ref[:, :k])
+            repeat_ok = terms == 2 or torch.equal(got[:, 2 * k:], got[:, :k])
+            v = plain.double()
+            err = (got[:, :k].double() + got[:, k:2 * k].double() - v).abs()
+            bound = v.abs() * 2.0 ** -20 + 2.0 ** -24
+            value_ok = bool((err <= bound).all())
+            same = residual_same and repeat_ok and value_ok
+            print("%s split=%d: hi + lo within 2^-20|v| + 2^-24 of the plain kernel %s (max |err|/|v| %.2g); "
+                  "hi bit-equal to split_fp16 %s; hi repeated %s"
+                  % (name, terms, value_ok, float((err / v.abs().clamp_min(2.0 ** -14)).max()), hi_same, repeat_ok),
+                  flush=True)
             if not same:
                 bad.append("%s split=%d" % (name, terms))
     return bad

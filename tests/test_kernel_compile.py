@@ -141,6 +141,11 @@ try:
 except Exception as e:
     out["broken"] = type(e).__name__
 out["hook_after_error"] = knobs.runtime.jit_cache_hook is not None
+try:   # no stand-in is left behind: the launch compiles again, and fails again
+    broken[(1,)](x, BLOCK=64)
+    out["broken_again"] = "no error"
+except Exception as e:
+    out["broken_again"] = type(e).__name__
 print(json.dumps(out))
 '''
 
@@ -149,7 +154,8 @@ def test_ahead_compiles_each_variant_once_on_the_pool_and_launches_nothing(tmp_p
     """kernel_compile.ahead (what TorchRunner.warm runs before its captures): the dry passes launch
     nothing; each kernel variant compiles and loads once, on the pool's threads, including two
     functions whose variants share one specialization key (Triton's key is per function); the real
-    pass after it compiles and loads nothing and launches every kernel; a compile error is raised;
+    pass after it compiles and loads nothing and launches every kernel; a compile error is raised,
+    and no stand-in is left behind for that kernel (its next launch compiles, and fails, again);
     Triton's hook is unset afterwards either way."""
     import json
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -163,4 +169,5 @@ def test_ahead_compiles_each_variant_once_on_the_pool_and_launches_nothing(tmp_p
     assert sorted(name for name, _ in out["loads"]) == ["scale", "scale", "shift", "shift"], out
     assert all(thread.startswith("kernel-compile") for _, thread in out["loads"]), out
     assert out["launches_after"] == ["scale", "shift", "scale"] * 2 and out["loads_after"] == 4, out
-    assert out["broken"] != "no error" and not out["hook_after"] and not out["hook_after_error"], out
+    assert out["broken"] != "no error" and out["broken_again"] != "no error", out
+    assert not out["hook_after"] and not out["hook_after_error"], out

@@ -9,16 +9,20 @@ pool in about the time of the slowest one.
 How (`ahead`): each warm-up step runs once as a dry pass, with Triton's `jit_cache_hook` set. The
 hook sees every kernel variant this process has not loaded yet, hands it to Triton's asynchronous
 compile mode (`preload` of its specialization, which takes the same path as a launch's compile),
-and tells Triton to skip that launch. The torch operations of a dry pass still run, on whatever the
-skipped kernels left in their outputs: nothing reads those results, and no index a dry pass uses
-comes from a Triton kernel. Each pool thread also loads its kernel onto the device and builds its
-launcher, so the passes after `ahead` compile and load nothing. A variant already in the disk cache
-is read, not compiled, also on the pool. A compile error is raised by `ahead`, as it would be by
-the launch.
+and tells Triton to skip that launch. Until the dry passes end, the variant's entry in its
+function's kernel cache is a stand-in that launches nothing, so its later launches skip cheaply:
+the hook's own arguments cost ~0.1 ms a call, which over every launch of 36 buckets cost more than
+the compiles saved on a filled cache. Leaving the compile mode puts each compiled kernel in place of
+its stand-in; a stand-in still there afterwards (a failed compile) is removed, so a later launch
+compiles again rather than doing nothing. The torch operations of a dry pass still run, on whatever
+the skipped kernels left in their outputs: nothing reads those results, and no index a dry pass
+uses comes from a Triton kernel. Each pool thread also loads its kernel onto the device and builds
+its launcher, so the passes after `ahead` compile and load nothing. A variant already in the disk
+cache is read, not compiled, also on the pool. A compile error is raised by `ahead`, as it would
+be by the launch.
 
-The dry pass costs the torch operations of one forward per step. It runs on the stream the graphs
-are captured on, so what torch sets up per stream (the cuBLAS workspace) is in place before the
-capture.
+The dry passes run on the stream the graphs are captured on, so what torch sets up per stream (the
+cuBLAS workspace) is in place before the capture.
 """
 from __future__ import annotations
 
@@ -52,6 +56,24 @@ class _LoadingPool(Executor):
         self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
+class _NoLaunch:
+    """The kernel-cache stand-in of a variant compiling on the pool: Triton's launch path asks it for
+    `result()`, `launch_metadata` and `run`, and nothing is launched."""
+    function = packed_metadata = None
+
+    def result(self):
+        return self
+
+    def launch_metadata(self, *args):
+        return None
+
+    def run(self, *args):
+        return None
+
+
+_NO_LAUNCH = _NoLaunch()
+
+
 def ahead(steps: Iterable[Callable[[], None]], device) -> int:
     """Run each step as a dry pass that compiles, loads and skips every Triton kernel variant it
     reaches (see the module docstring); returns the variants compiled or read. On the device thread,
@@ -62,19 +84,25 @@ def ahead(steps: Iterable[Callable[[], None]], device) -> int:
     if knobs.runtime.jit_cache_hook is not None:
         raise RuntimeError("Triton's jit_cache_hook is already set; kernels cannot compile ahead")
     seen: set = set()
-    inside = []   # a preload's own compile calls the hook again: let it through
+    stand_ins = []   # (function's kernel cache, key) of every stand-in placed
+    inside = []      # a preload's own compile calls the hook again: let it through
 
     def hook(*, key, fn, compile, **_):
         if inside:
             return False
-        variant = (fn.jit_function, key)   # the key is one function's: two kernels may share one
+        jit = fn.jit_function
+        variant = (jit, key)   # the key is one function's: two kernels may share one
         if variant not in seen:
             seen.add(variant)
             inside.append(variant)
             try:
-                fn.jit_function.preload(compile["specialization_data"])
+                jit.preload(compile["specialization_data"])
             finally:
                 inside.pop()
+            cache = jit.device_caches[compile["device"]][0]
+            if key not in cache:
+                cache[key] = _NO_LAUNCH
+                stand_ins.append((cache, key))
         return True   # no launch: the variant is compiling on the pool
 
     t0 = time.perf_counter()
@@ -88,8 +116,11 @@ def ahead(steps: Iterable[Callable[[], None]], device) -> int:
             finally:
                 knobs.runtime.jit_cache_hook = None
             t1 = time.perf_counter()
-        # leaving the mode waited for every compile and put each kernel in its function's cache
+        # leaving the mode waited for every compile and put each kernel in place of its stand-in
     finally:
+        for cache, key in stand_ins:
+            if cache.get(key) is _NO_LAUNCH:
+                del cache[key]
         pool.shutdown()
     if seen:
         log.info("compiled or read %d kernel variants side by side in %.0f ms (dry passes %.0f ms)",
