@@ -1,4 +1,4 @@
-"""Where an inference process's start-up goes on CUDA, phase by phase, and what two ways of capturing
+"""Where an inference process's start-up goes on CUDA, phase by phase, and what three ways of capturing
 the warm set's graphs cost, each in a fresh process with an empty and then a filled Triton cache.
 
 Phases, in one process: `import torch`; the CUDA context (`init_device`); the checkpoint load
@@ -6,9 +6,10 @@ Phases, in one process: `import torch`; the CUDA context (`init_device`); the ch
   inline    each bucket as a request would capture it (`GraphCache.get`): an eager pass that
             compiles each Triton kernel variant when it first reaches it, then the capture
   ahead     `TorchRunner.warm`: every bucket's dry pass first, compiling the variants side by side
-            (inference/kernel_compile.py), then an eager pass and the capture of each bucket
-  no-eager  the dry passes as `ahead`, then each capture without its eager pass (an experiment:
-            the dry pass already compiled, loaded and set up what the eager pass is there for)
+            (inference/kernel_compile.py), then each bucket's capture, without an eager pass (the
+            dry pass compiled and loaded the kernels and set up what the eager pass is there for)
+  eager     the dry passes as `ahead`, then an eager pass before each capture as well (what a
+            bucket captured on demand, outside the warm set, runs): the cost of that eager pass
 After the capture: three synthetic batches (1, 8 and 40 rows), each through its bucket's graph, against
 the same step run eagerly on the same buffers (max |difference|, expected 0), and the kernel files in the
 cache. Also `python -X importtime -c "import torch"`: the slowest imports.
@@ -27,14 +28,14 @@ import sys
 import tempfile
 import time
 
-MODES = ("inline", "ahead", "no-eager")
+MODES = ("inline", "ahead", "eager")
 
 
 def child(a) -> dict:
     t0 = time.perf_counter()
     import torch
     t_torch = time.perf_counter()
-    from laya_grpc.inference import kernel_cache, kernel_compile
+    from laya_grpc.inference import cuda_graphs, kernel_cache, kernel_compile
     from laya_grpc.inference.devices import init_device
     from laya_grpc.inference.registry import synthetic_rows
     from laya_grpc.inference.torch_runner import TorchRunner
@@ -79,11 +80,7 @@ def child(a) -> dict:
         torch.cuda.current_stream(dev).wait_stream(stream)
         for b, e in entries.items():
             def capture(_b, e=e):
-                graph = torch.cuda.CUDAGraph()
-                with torch.inference_mode(), torch.cuda.graph(graph, pool=g._pool, stream=stream):
-                    e.step()
-                torch.cuda.synchronize(dev)
-                e.graph = graph
+                e.graph = cuda_graphs.capture_graph(e.step, stream, g._pool, dev)
                 return e
             g.cache.get(b, capture)
     torch.cuda.synchronize()

@@ -139,9 +139,12 @@ def fill_bucket(views: dict, batch: dict, b: Bucket) -> int:
 
 def warm_graphs(cache: "GraphCache", buckets: list, buffers: Callable, stream, pool, device) -> int:
     """Capture the graph of each bucket missing from `cache`. Every bucket's buffers come first, then
-    one dry pass of each bucket's step on the capture stream compiles the Triton kernels they launch
-    side by side (kernel_compile.ahead), then the captures, which compile nothing. Returns the kernel
-    variants compiled or read from the disk cache."""
+    one dry pass of each bucket's step on the capture stream compiles and loads the Triton kernels
+    they launch, side by side (kernel_compile.ahead), then the captures. The dry pass stands in for
+    the eager pass a capture otherwise runs first: it ran every torch operation of the step on the
+    capture stream (library handles and workspaces are set up) and every kernel is compiled and
+    loaded. It costs one forward per bucket, as the eager passes did. Returns the kernel variants
+    compiled or read from the disk cache."""
     import torch
     from . import kernel_compile
     entries = {b: buffers(b) for b in dict.fromkeys(buckets) if b not in cache}
@@ -158,19 +161,21 @@ def warm_graphs(cache: "GraphCache", buckets: list, buffers: Callable, stream, p
     torch.cuda.current_stream(device).wait_stream(stream)
     for b, entry in entries.items():
         def capture(_b, entry=entry):
-            entry.graph = capture_graph(entry.step, stream, pool, device)
+            entry.graph = capture_graph(entry.step, stream, pool, device, eager_first=False)
             return entry
         cache.get(b, capture)
     return variants
 
 
-def capture_graph(step: Callable[[], None], stream, pool, device):
+def capture_graph(step: Callable[[], None], stream, pool, device, eager_first: bool = True):
     """`step` captured as a CUDA graph on `stream` in memory `pool`, after one eager pass on that stream
-    (kernels, library handles and workspaces are set up outside the capture)."""
+    (kernels, library handles and workspaces are set up outside the capture). eager_first=False: the
+    step's operations already ran on `stream` with every kernel loaded (warm_graphs)."""
     import torch
     stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.inference_mode(), torch.cuda.stream(stream):
-        step()
+    if eager_first:
+        with torch.inference_mode(), torch.cuda.stream(stream):
+            step()
     torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.inference_mode(), torch.cuda.graph(graph, pool=pool, stream=stream):
