@@ -14,6 +14,8 @@
 #          at 8 and 64 HTTP clients: decisions/s and p95 side by side
 #   precision  accuracy and time per float32 part of the fused forward (benchmarks/precision_study.py), on the
 #          large checkpoint and the conditionings in STUDY_CKPTS (default: sharp,heavy); ONLY= limits the variants
+#   wait   64 HTTP clients on one stack per --max-wait-ms value in WAITS (default 0,1,2,4), each alone in
+#          turn: decisions/s, p95, rows per forward, device busy share (benchmarks/batch_wait.py; large checkpoint)
 #   parity  the served path against upstream CPU fp32, per served dtype (laya_grpc/bench/parity.py), on the
 #          stage's checkpoints: large in the conditionings of CONDITIONINGS (default: default,flat,sharp,heavy)
 set -u
@@ -47,8 +49,10 @@ case ",$PHASES," in *,startup,*)
   timeout ${STARTUP_TIMEOUT:-300} python3 -m benchmarks.startup_phases --ckpt /tmp/lb/large --out $OUT \
     --dtype ${DTYPE:-float32} 2>&1 | grep -v '^{' ;;
 esac
-case ",$PHASES," in *,wakeup,*)
-  python3 -m benchmarks.wakeup -n ${WAKEUP_N:-2000} 2>&1 | tee $OUT/wakeup.txt ;;
+case ",$PHASES," in *,wait,*)
+  [ -d /tmp/lb/large ] || python3 -m laya_grpc.cli make-checkpoint /tmp/lb/large --preset large --force >/dev/null
+  timeout ${WAIT_TIMEOUT:-300} python3 -m benchmarks.batch_wait --ckpt /tmp/lb/large --waits ${WAITS:-0,1,2,4} \
+    --load-s ${LOAD_S:-5} --rounds ${ROUNDS:-2} 2>&1 | tee $OUT/batch_wait.txt ;;
 esac
 case ",$PHASES," in *,profile,*)
   timeout ${PROFILE_TIMEOUT:-420} python3 -m benchmarks.gpu_profile --ckpt /tmp/lb/large --out $OUT \
