@@ -132,29 +132,31 @@ class Registry:
         try:
             loop = asyncio.get_running_loop()
             ckpt = await loop.run_in_executor(None, open_source, s.source)
-            # the digests (~1-3 s for 842 MB) stream on a worker thread while the device thread loads
+            # the digests (0.5-2 s for 842 MB, by the CPU's sha256 speed) stream on a worker thread
+            # while the device thread loads and warms: they are wanted by READY, not by the warm-up
             digests = loop.run_in_executor(None, _digests, ckpt)
+            runner = None
             try:
                 runner = await self.run_on_device(lambda: load_runner(ckpt.path, self.backend, self.pick.device,
                                                                       self.dtype, **self.runner_options))
-            except BaseException:
-                await asyncio.gather(digests, return_exceptions=True)   # the load's error is the one to report
-                raise
-            try:
+                s.temperatures = Temperatures.from_config(ckpt.config)   # a bad config fails the load, not a request
+                s.ckpt, s.runner, s.pad_id = ckpt, runner, int(ckpt.special.pad_id)
+                s.load_ms = (time.perf_counter() - t0) * 1e3
+                if self.warmup:
+                    self._set(s, S.STATE_PREPARING if preparing else S.STATE_WARMING, "warmup forwards")
+                    t1 = time.perf_counter()
+                    await self.run_on_device(lambda: warm_runner(runner, ckpt, s.pad_id))
+                    s.warmup_ms = (time.perf_counter() - t1) * 1e3
                 sha, fingerprint = await digests
             except BaseException:
-                await self.run_on_device(runner.close)   # unreadable file: do not keep a half-registered runner
+                # the load's or warm-up's error is the one to report; an unreadable file after a
+                # good load leaves no half-registered runner behind
+                await asyncio.gather(digests, return_exceptions=True)
+                if runner is not None:
+                    s.runner = None
+                    await self.run_on_device(runner.close)
                 raise
-            s.temperatures = Temperatures.from_config(ckpt.config)   # a bad config fails the load, not a request
-            s.ckpt, s.runner = ckpt, runner
             s.sha256, s.fingerprint, s.config_json = sha, fingerprint, json.dumps(ckpt.config)
-            s.pad_id = int(ckpt.special.pad_id)
-            s.load_ms = (time.perf_counter() - t0) * 1e3
-            if self.warmup:
-                self._set(s, S.STATE_PREPARING if preparing else S.STATE_WARMING, "warmup forwards")
-                t1 = time.perf_counter()
-                await self.run_on_device(lambda: warm_runner(runner, ckpt, s.pad_id))
-                s.warmup_ms = (time.perf_counter() - t1) * 1e3
             self._set(s, S.STATE_READY, "")
             log.info("checkpoint %s ready on %s/%s (load %.0f ms, warmup %.0f ms)", s.name, runner.device(),
                      runner.dtype(), s.load_ms, s.warmup_ms)
