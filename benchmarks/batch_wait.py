@@ -4,10 +4,11 @@ turn (the order rotates every round), so every value sees the same host and devi
 
 Per stack and round: decisions/s, p50 and p95 of the closed-loop HTTP clients, and from the
 stack's own Prometheus families over the round: rows per forward (laya_inference_batch_rows),
-forwards per second and the device's busy share (laya_inference_forward_seconds summed over the
-round's wall time). `--max-wait-ms` waits only when the queue is empty once the device frees, so
-with the device busy a larger value gathers more rows into the next forward at the price of that
-wait.
+and forwards per second and the device's busy share (laya_inference_forward_seconds), both over
+the round's --load-s seconds (the load's client processes start a little before and end a little
+after them, so the busy share can pass 1.0). `--max-wait-ms` waits whenever the device thread
+takes a request with nothing queued behind it, at idle too; with the device busy, a larger value
+gathers more rows into the next forward at the price of that wait.
 
     python -m benchmarks.batch_wait --ckpt DIR [--waits 0,1,2,4] [--clients 64] [--load-s 5] [--rounds 2]
 
@@ -26,7 +27,7 @@ FAMILIES = ("laya_inference_batch_rows", "laya_inference_forward_seconds")
 
 
 def scrape(port: int) -> dict:
-    """(family, sample suffix) -> value summed over labels, for the two inference families."""
+    """Sample name (`..._sum`, `..._count`) -> value summed over labels, for the two inference families."""
     text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
     out = {}
     for fam in text_string_to_metric_families(text):

@@ -30,7 +30,7 @@ def _run(ckpt, body):
 
 
 def test_the_warm_up_starts_before_the_weights_digest_ends(tiny_ckpt, monkeypatch):
-    marks, runners = {}, []
+    marks = {}
     digests, warm = registry._digests, registry.warm_runner
 
     def slow_digests(ckpt):
@@ -40,7 +40,6 @@ def test_the_warm_up_starts_before_the_weights_digest_ends(tiny_ckpt, monkeypatc
 
     def timed_warm(runner, ckpt, pad_id):
         marks["warm"] = time.perf_counter()
-        runners.append(runner)
         warm(runner, ckpt, pad_id)
 
     monkeypatch.setattr(registry, "_digests", slow_digests)
