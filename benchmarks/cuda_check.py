@@ -50,6 +50,13 @@ def check_kernels(torch) -> list[str]:
         print("gelu_gate n=%d I=%d elements differing %d max|err| %.3g" % (n, inter, diff, err), flush=True)
         if not err <= 1e-2 or not torch.isfinite(out).all():
             bad.append("gelu_gate %s" % ((n, inter),))
+    for dtype in (torch.float16, torch.float32):       # the decision head's bias + ReLU (exact: eager fp32 ops)
+        x = torch.randn(160, 4096, device="cuda", generator=g) * 3
+        b = torch.randn(4096, device="cuda", generator=g).to(dtype)
+        same = torch.equal(ck.bias_relu(x, b, dtype), torch.relu(x + b.float()).to(dtype))
+        print("bias_relu %s: bit-equal to relu(x + b) in fp32 %s" % (str(dtype)[6:], same), flush=True)
+        if not same:
+            bad.append("bias_relu %s" % str(dtype)[6:])
     bad += check_add_layer_norm(torch, g)
     bad += check_split_outputs(torch, g)
     return bad
@@ -57,7 +64,8 @@ def check_kernels(torch) -> list[str]:
 
 def check_split_outputs(torch, g) -> list[str]:
     """The kernels that write a split GEMM's input (`split=`: add_layer_norm, gelu_gate, attention)
-    against the same kernel's float32 output. What the GEMM multiplies is the pair's value hi + lo
+    against the same kernel's float32 output (with biases, |v| below reads |w n| + |b|: the sum may
+    cancel, and its float32 error scales with its terms). What the GEMM multiplies is the pair's value hi + lo
     (the third part of split=3 repeats hi), so that is what must hold: |hi + lo - v| <= 2^-20 |v| +
     2^-24 for the plain kernel's v. The split kernel is another compile of the same code: the
     compiler may order a row's sums differently (the norm's mean and variance) or contract a product
@@ -79,7 +87,17 @@ def check_split_outputs(torch, g) -> list[str]:
         qkv = torch.randn(2 * 160, 3 * 16 * 64, device="cuda", generator=g)
         cos, sin = torch.randn(512, 64, device="cuda", generator=g), torch.randn(512, 64, device="cuda", generator=g)
         lengths = torch.tensor([160, 97], dtype=torch.int32, device="cuda")
+        ob, b = torch.randn(d, device="cuda", generator=g), torch.randn(d, device="cuda", generator=g)
+        xc, xd = x.clone(), x.clone()
+        yb = ck.add_layer_norm(xc, o, w, 1e-5, bias=b, o_bias=ob)[1]
+        ybs = ck.add_layer_norm(xd, o, w, 1e-5, bias=b, o_bias=ob, split=terms)[1]
+        # y = w n + b may cancel: its float32 error scales with |w n| + |b|, not |y|
+        scale = {"add_layer_norm with biases": torch.nn.functional.layer_norm(xc, (d,), w, None, 1e-5).abs() + b.abs()}
+        r = torch.randn(n, 4096, device="cuda", generator=g) * 3
         pairs = {"add_layer_norm": (ys, y, torch.equal(xa, xb)),
+                 "add_layer_norm with biases": (ybs, yb, torch.equal(xc, xd)),
+                 "bias_relu": (ck.bias_relu(r, ob.repeat(4), torch.float32, split=terms),
+                               ck.bias_relu(r, ob.repeat(4), torch.float32), True),
                  "gelu_gate": (ck.gelu_gate(u, split=terms), ck.gelu_gate(u), True),
                  "attention": (ca.attention(qkv, cos, sin, lengths, 2, 160, 16, 64, True, 0.125, split=terms),
                                ca.attention(qkv, cos, sin, lengths, 2, 160, 16, 64, True, 0.125), True)}
@@ -93,7 +111,7 @@ def check_split_outputs(torch, g) -> list[str]:
             repeat_ok = terms == 2 or torch.equal(got[:, 2 * k:], got[:, :k])
             v = plain.double()
             err = (got[:, :k].double() + got[:, k:2 * k].double() - v).abs()
-            bound = v.abs() * 2.0 ** -20 + 2.0 ** -24
+            bound = scale.get(name, v.abs()).double() * 2.0 ** -20 + 2.0 ** -24
             value_ok = bool((err <= bound).all())
             same = residual_same and repeat_ok and value_ok
             print("%s split=%d: hi + lo within 2^-20|v| + 2^-24 of the plain kernel %s (max |err|/|v| %.2g); "
@@ -105,11 +123,15 @@ def check_split_outputs(torch, g) -> list[str]:
     return bad
 
 
+def _spacing(torch, ref):
+    """The spacing of ref's dtype at each element's magnitude, as float32."""
+    mant = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}[ref.dtype]
+    return torch.exp2(torch.floor(torch.log2(ref.float().abs().clamp_min(torch.finfo(ref.dtype).tiny))) - mant)
+
+
 def ulps(torch, got, ref):
     """|got - ref| in units of the spacing of ref's dtype at ref's magnitude, per element."""
-    mant = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}[ref.dtype]
-    ulp = torch.exp2(torch.floor(torch.log2(ref.float().abs().clamp_min(torch.finfo(ref.dtype).tiny))) - mant)
-    return (got.float() - ref.float()).abs() / ulp
+    return (got.float() - ref.float()).abs() / _spacing(torch, ref)
 
 
 def check_add_layer_norm(torch, g) -> list[str]:
@@ -129,7 +151,7 @@ def check_add_layer_norm(torch, g) -> list[str]:
             w = (1 + 0.3 * torch.randn(d, device="cuda", generator=g)).to(dtype)
             h = x + o
             ref = F.layer_norm(h, (d,), w, None, eps)
-            x0 = x.clone()
+            x0, xb = x.clone(), x.clone()
             xx, y = ck.add_layer_norm(x, o, w, eps)
             y0 = ck.layer_norm(x0, w, eps)
             ref0 = F.layer_norm(x0, (d,), w, None, eps)
@@ -148,7 +170,24 @@ def check_add_layer_norm(torch, g) -> list[str]:
                 # bf16 (opt-in, already outside the parity tolerance on its own): the H200 run measured
                 # 3 ulp on the plain norm at 10240 rows (a handful of 10M elements), cause not found
                 close = u <= 4.0 and u0 <= 4.0
-            if not (h_ok and close and torch.isfinite(y).all() and torch.isfinite(y0).all()):
+            # the decision head's variant: a float32 GEMM output plus its bias, then the norm's bias. y =
+            # w n + b may cancel, so its float32 error (FMA contraction, reduction order) scales with the
+            # terms, not the result: |y - ref| <= 1 ulp of ref in the dtype + 2^-16 (|w n| + |b|), 2^-16
+            # being the 1e-5 relative of the float32 checks above
+            ob, b = (torch.randn(d, device="cuda", generator=g) * 0.5).to(dtype), \
+                (torch.randn(d, device="cuda", generator=g) * 0.5).to(dtype)
+            of = o.float()
+            hb = (xb.float() + (of + ob.float())).to(dtype)
+            refb = F.layer_norm(hb.float(), (d,), w.float(), b.float(), eps)
+            terms = F.layer_norm(hb.float(), (d,), w.float(), None, eps).abs() + b.float().abs()
+            yb = ck.add_layer_norm(xb, of, w, eps, bias=b, o_bias=ob)[1]
+            hb_ok = torch.equal(xb, hb)
+            rb = refb.to(dtype)
+            worst = float(((yb.float() - refb).abs() / (_spacing(torch, rb) + 2.0 ** -16 * terms)).max())
+            print("  with biases: h bit-equal %s; |y - ref| / (1 ulp + 2^-16 (|w n| + |b|)) at most %.3f"
+                  % (hb_ok, worst), flush=True)
+            close = close and worst <= 1.0
+            if not (h_ok and hb_ok and close and torch.isfinite(y).all() and torch.isfinite(y0).all()):
                 bad.append("add_layer_norm %s" % ((str(dtype)[6:], n, d),))
     return bad
 

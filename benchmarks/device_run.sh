@@ -3,7 +3,8 @@
 # then the phases named in PHASES (default: check,model,bench). Results go to $OUT.
 #   check  kernels and tiny checkpoints on CUDA against CPU fp32 (benchmarks/cuda_check.py); stops on failure
 #   profile  kernel time per name in one forward (benchmarks/gpu_profile.py; STUDIES=kernels,hops,gemms;
-#          DTYPE=float32, the served default, or float16);
+#          DTYPE=float32, the served default, or float16; LAYOUTS=packed,padded, default packed; with
+#          A_DIR, the kernel study again on the tree there, its lines prefixed "A: ");
 #          start-up with an empty and a filled kernel cache is benchmarks/cold_start.sh
 #   startup  an inference process's start-up phase by phase, three ways to capture the warm set, empty and
 #          filled Triton cache (benchmarks/startup_phases.py; DTYPE=float32, the served default)
@@ -56,7 +57,13 @@ case ",$PHASES," in *,wait,*)
 esac
 case ",$PHASES," in *,profile,*)
   timeout ${PROFILE_TIMEOUT:-420} python3 -m benchmarks.gpu_profile --ckpt /tmp/lb/large --out $OUT \
-    --studies ${STUDIES:-kernels} --dtype ${DTYPE:-float32} --hops-n ${HOPS_N:-300} 2>&1 | grep -v '^{' ;;
+    --studies ${STUDIES:-kernels} --dtype ${DTYPE:-float32} --layouts ${LAYOUTS:-packed} --hops-n ${HOPS_N:-300} 2>&1 | grep -v '^{'
+  if [ -n "${A_DIR:-}" ]; then   # the same study of the tree in A_DIR (its laya_grpc, this gpu_profile.py)
+    mkdir -p $OUT/a; cp benchmarks/gpu_profile.py $A_DIR/benchmarks/
+    (cd $A_DIR && PYTHONPATH=/tmp/site:$PWD:$PWD/protos/gen timeout ${PROFILE_TIMEOUT:-420} python3 -m benchmarks.gpu_profile \
+      --ckpt /tmp/lb/large --out $OUT/a --studies kernels --dtype ${DTYPE:-float32} --layouts ${LAYOUTS:-packed} 2>&1 \
+      | grep -v '^{' | sed 's/^/A: /')
+  fi ;;
 esac
 case ",$PHASES," in *,model,*)
   timeout ${MODEL_TIMEOUT:-300} python3 -m benchmarks.model_speed --ckpt /tmp/lb/large --out $OUT \

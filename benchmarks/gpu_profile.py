@@ -7,7 +7,9 @@ gemms: each encoder GEMM shape of the checkpoint alone (cuBLAS through torch.mm)
   cost (~25 us a torch.mm), so only the larger counts measure the GPU.
 kernels: the fused encoder's forward run eagerly under torch.profiler (CUDA kernel times are the
   same as inside the graph; only the launch gaps differ), summed per kernel name per forward,
-  next to the CUDA-graph replay time of the same bucket. Says which kernels to attack next.
+  next to the CUDA-graph replay time of the same buckets, per layout (--layouts): packed, the
+  forward serving runs, and padded, the one parallel option layouts run. Says which kernels to
+  attack next, and counts them.
 hops: `serve` with the default workers and with one gateway and one tokenizer, each without and
   with busy-polling event loops (LAYA_BUSY_POLL_US), each timed per hop by benchmarks/stack_hops.py (tokenizer RPC, inference
   RPC, gRPC Decide, HTTP).
@@ -32,47 +34,83 @@ SHAPES = ((1, 132, 3), (1, 512, 5), (6, 132, 4), (64, 132, 3), (256, 132, 3))
 
 def kernel_study(a, rec) -> list:
     import torch
-    from torch.profiler import ProfilerActivity, profile
-    from laya_grpc.inference.cuda_graphs import BucketPlan, CudaGraphForward, field_views
     from laya_grpc.inference.torch_model import LayaTorch
     model = LayaTorch.from_checkpoint(a.ckpt, "cuda", getattr(torch, a.dtype))
     model.use_fused_kernels()
-    plan = BucketPlan(max_rows=256, max_tokens=512)
-    gf = CudaGraphForward(model, torch.device("cuda:0"), plan, parallel=False)
-    vocab = model.spec.vocab_size
     tables = []
-    for s in SHAPES:
-        bk = plan.bucket(*s)
-        batch = rows([s[1]] * s[0], s[2], vocab, seed=s[0])
-        gf.forward(batch)
-        replay = replay_ms(torch, gf.cache.get(bk).graph, 100)
-        # the same padded batch (what the graph's input buffer now holds), eagerly, under the profiler
-        t = field_views(gf.cache.get(bk).dev_in, bk, False)
-        call = lambda: model(t["input_ids"], t["attention_mask"], t["marker_pos"], t["marker_mask"], t["qtype"])
-        with torch.inference_mode():
-            for _ in range(3):
-                call()
-            torch.cuda.synchronize()
-            iters = 5
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(iters):
-                    call()
-                torch.cuda.synchronize()
-        per = collections.defaultdict(lambda: [0.0, 0])
-        for e in prof.events():
-            if e.device_type.name == "CUDA":   # kernel and memcpy records: their GPU intervals
-                per[e.name][0] += e.time_range.elapsed_us() / iters
-                per[e.name][1] += 1
-        total = sum(v[0] for v in per.values())
-        top = sorted(per.items(), key=lambda kv: -kv[1][0])[:18]
-        r = rec("kernels", dtype=a.dtype, rows=s[0], tokens=s[1], bucket=[bk.rows, bk.tokens], replay_ms=replay,
-                kernel_sum_ms=total / 1e3, launches_per_forward=sum(v[1] for v in per.values()) / iters,
-                top=[{"name": n[:90], "us": round(v[0], 2), "per_fwd": v[1] / iters} for n, v in top])
-        tables.append(r)
-    gf.close()
-    model = gf = None
+    for layout in a.layouts.split(","):
+        study = _packed_steps if layout == "packed" else _padded_steps
+        for s in SHAPES:
+            batch = rows([s[1]] * s[0], s[2], model.spec.vocab_size, seed=s[0])
+            steps, buckets, replay, close = study(torch, model, batch, s)
+            per, iters = _profile(torch, steps)
+            total = sum(v[0] for v in per.values())
+            top = sorted(per.items(), key=lambda kv: -kv[1][0])[:18]
+            tables.append(rec("kernels", dtype=a.dtype, layout=layout, rows=s[0], tokens=s[1], buckets=buckets,
+                              replay_ms=replay, kernel_sum_ms=total / 1e3,
+                              launches_per_forward=sum(v[1] for v in per.values()) / iters,
+                              top=[{"name": n[:90], "us": round(v[0], 2), "per_fwd": v[1] / iters} for n, v in top]))
+            close()
+    model = None
     torch.cuda.empty_cache()
     return tables
+
+
+def _padded_steps(torch, model, batch, s):
+    """The padded forward (parallel option layouts, `--pack-rows off`): one CUDA-graph bucket."""
+    from laya_grpc.inference.cuda_graphs import BucketPlan, CudaGraphForward, field_views
+    plan = BucketPlan(max_rows=256, max_tokens=512)
+    gf = CudaGraphForward(model, torch.device("cuda:0"), plan, parallel=False)
+    bk = plan.bucket(*s)
+    gf.forward(batch)
+    replay = replay_ms(torch, gf.cache.get(bk).graph, 100)
+    # the same padded batch (what the graph's input buffer now holds), eagerly, under the profiler
+    t = field_views(gf.cache.get(bk).dev_in, bk, False)
+    step = lambda: model(t["input_ids"], t["attention_mask"], t["marker_pos"], t["marker_mask"], t["qtype"])
+    return [step], [[bk.rows, bk.tokens]], replay, gf.close
+
+
+def _packed_steps(torch, model, batch, s):
+    """The packed forward, what serving runs: the batch split as the served plan splits it (16,384
+    tokens a forward), each part one packed bucket; replay_ms sums the parts' graph replays."""
+    from laya_grpc.inference.cuda_graphs import PackedForward
+    from laya_grpc.inference.packing import PackedPlan, rows_from_padded
+    plan = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=16384)
+    pf = PackedForward(model, torch.device("cuda:0"), plan)
+    steps, buckets, replay = [], [], 0.0
+    packed = rows_from_padded(batch)
+    for index in plan.split(packed):
+        part = packed.take(index)
+        pf.forward(part, 0)                       # captures the bucket and leaves this part in its buffers
+        n = part.n
+        bk = plan.bucket(n, len(part.ids), int(part.marker_counts.max()))
+        entry = pf.cache.get(bk)
+        replay += replay_ms(torch, entry.graph, 100)
+        steps.append(entry.step)
+        buckets.append([bk.segments, bk.tokens])
+    return steps, buckets, replay, pf.close
+
+
+def _profile(torch, steps):
+    """GPU time per kernel name over one forward (all of `steps`), eagerly under torch.profiler
+    (CUDA kernel times equal the graph's; only the launch gaps differ)."""
+    from torch.profiler import ProfilerActivity, profile
+    call = lambda: [step() for step in steps]
+    with torch.inference_mode():
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        iters = 5
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                call()
+            torch.cuda.synchronize()
+    per = collections.defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type.name == "CUDA":   # kernel and memcpy records: their GPU intervals
+            per[e.name][0] += e.time_range.elapsed_us() / iters
+            per[e.name][1] += 1
+    return per, iters
 
 
 def hops_study(a, rec, cache: str | None) -> list:
@@ -139,6 +177,8 @@ def main(argv=None) -> int:
     p.add_argument("--ckpt", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--studies", default="kernels", help="comma list of hops, kernels, gemms")
+    p.add_argument("--layouts", default="packed",
+                   help="the kernel study's forwards: packed (what serving runs), padded (parallel option layouts)")
     p.add_argument("--hops-n", type=int, default=300, help="sequential requests per hop in the hops study")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
                    help="the kernel study's weights: float32 is the exact mode `--dtype auto` serves on CUDA, "
@@ -169,8 +209,9 @@ def main(argv=None) -> int:
         print("gemm %-8s M=%-6d N=%-5d K=%-5d %s out: %8.1f us %6.1f TFLOP/s"
               % (r["gemm"], r["m"], r["n"], r["k"], r["result"], r["us"], r["tflops"]))
     for r in kernels:
-        print("\n%s %dx%d (bucket %s): graph replay %.3f ms, kernels %.3f ms, %d launches"
-              % (r["dtype"], r["rows"], r["tokens"], r["bucket"], r["replay_ms"], r["kernel_sum_ms"], r["launches_per_forward"]))
+        print("\n%s %s %dx%d (buckets %s): graph replay %.3f ms, kernels %.3f ms, %d launches"
+              % (r["dtype"], r["layout"], r["rows"], r["tokens"], r["buckets"], r["replay_ms"], r["kernel_sum_ms"],
+                 r["launches_per_forward"]))
         for k in r["top"]:
             print("  %8.1f us %5.0f x  %s" % (k["us"], k["per_fwd"], k["name"]))
     for r in hops:

@@ -102,6 +102,49 @@ def test_add_layer_norm_bf16_runs(n, d):
     assert bool(((y.float() - ref.float()).abs() <= _ulp(ref)).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n,d", [(1, 96), (33, 200), (17, 1024)])
+def test_add_layer_norm_with_biases(n, d, dtype):
+    """The decision head's variant: x += o + o_bias (o a float32 GEMM output without its bias; the
+    bias added to it in float32, then the residual add, rounded once to x's dtype: bit-equal to the
+    same float32 operations eagerly), y = LayerNorm(x) with the norm's bias, tolerances as above;
+    `add_bias` is the same add with no norm."""
+    x, o, w = _inputs(n, d, dtype, seed=3 * n + d)
+    g = torch.Generator().manual_seed(n)
+    o = o.float()
+    ob, b = (torch.randn(d, generator=g) * 0.5).to(dtype), (torch.randn(d, generator=g) * 0.5).to(dtype)
+    x2 = x.clone()
+    h = (x.float() + (o + ob.float())).to(dtype)
+    ref = F.layer_norm(h.float(), (d,), w.float(), b.float(), EPS).to(dtype)
+    xx, y = ck.add_layer_norm(x, o, w, EPS, bias=b, o_bias=ob)
+    assert xx is x and torch.equal(x, h)
+    if dtype == torch.float32:
+        torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    else:
+        assert bool(((y.float() - ref.float()).abs() <= _ulp(ref)).all())
+    assert ck.add_bias(x2, o, ob) is x2 and torch.equal(x2, h)
+    with pytest.raises(ValueError):
+        ck.add_layer_norm(x, o, w, EPS, bias=b[:8])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n,k", [(1, 96), (7, 200), (3, 2500)])
+def test_bias_relu_equals_eager(n, k, dtype):
+    """relu(x + bias) of a float32 GEMM output, computed in float32 and rounded once to the dtype:
+    bit-equal to those float32 operations eagerly; split (a float32 result) bit-equal to split_fp16
+    of the plain result."""
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(n, k, generator=g) * 3
+    bias = torch.randn(k, generator=g).to(dtype)
+    ref = torch.relu(x + bias.float())
+    assert torch.equal(ck.bias_relu(x, bias, dtype), ref.to(dtype))
+    if dtype == torch.float32:
+        for terms in (2, 3):
+            assert torch.equal(ck.bias_relu(x, bias, dtype, split=terms), ck.split_fp16(ref, terms))
+    with pytest.raises(ValueError):
+        ck.bias_relu(x, bias[:5], dtype)
+
+
 def test_add_layer_norm_rejects_bad_shapes():
     x, o, w = _inputs(4, 96, torch.float32, seed=0)
     with pytest.raises(ValueError):

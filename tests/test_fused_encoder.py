@@ -62,10 +62,15 @@ def _batch(path: str) -> dict:
     return {k: torch.from_numpy(v) for k, v in PackedRows.from_rows(rows).pad(int(c.special.pad_id)).items()}
 
 
+@pytest.mark.parametrize("one_row", [False, True])
 @pytest.mark.parametrize("preset", ["tiny", "tiny-par"])
-def test_fused_encoder_equals_reference(preset, tiny_ckpt, tiny_par_ckpt):
+def test_fused_encoder_equals_reference(preset, one_row, tiny_ckpt, tiny_par_ckpt):
+    """The fused padded forward against the reference, on a batch and on one row (a batch of one
+    broadcasts its type embedding over a single row: a stride-0 view the fused head must copy)."""
     path = {"tiny": tiny_ckpt, "tiny-par": tiny_par_ckpt}[preset]
     b = _batch(path)
+    if one_row:
+        b = {k: v[:1] for k, v in b.items()}
     assert ("option_ids" in b) == (preset == "tiny-par")
     model = LayaTorch.from_checkpoint(path)
     args = (b["input_ids"], b["attention_mask"], b["marker_pos"], b["marker_mask"], b["qtype"],
@@ -79,6 +84,44 @@ def test_fused_encoder_equals_reference(preset, tiny_ckpt, tiny_par_ckpt):
         assert np.isfinite(f.numpy()).all()
         torch.testing.assert_close(f, r, atol=1e-4, rtol=1e-4)
     assert float(ref[0].abs().max()) > 0.5      # a real spread of logits, not a degenerate zero output
+
+
+def test_padded_exact_forward_splits_the_head_gemms(tiny_par_ckpt, monkeypatch):
+    """The padded forward (parallel option layouts) in the exact mode runs every decision-head GEMM
+    through its SplitLinear, as the packed forward does (not torch's fused float32 layer, which runs
+    on a GPU's CUDA cores), and stays float32-accurate. Bound from the arithmetic: split GEMMs carry
+    ~2^-21 relative error where the fast mode rounds each GEMM input to fp16 at 2^-11, so through
+    the same network the exact mode's error against CPU float32 is ~2^-10 of the fast mode's to first
+    order; asserted: under 2^-6 of it (a 16x margin for the differing number of rounding points)."""
+    from laya_grpc.inference.precision import Precision
+    from laya_grpc.inference.split_gemm import SplitLinear
+    b = _batch(tiny_par_ckpt)
+    args = (b["input_ids"], b["attention_mask"], b["marker_pos"], b["marker_mask"], b["qtype"],
+            b["position_ids"], b["option_ids"])
+    called = []
+    real_on_split = SplitLinear.on_split
+
+    def on_split(self, x3):
+        called.append(id(self))
+        return real_on_split(self, x3)
+    monkeypatch.setattr(SplitLinear, "on_split", on_split)
+    with torch.inference_mode():
+        ref = LayaTorch.from_checkpoint(tiny_par_ckpt)(*args)
+        fast = LayaTorch.from_checkpoint(tiny_par_ckpt, dtype=torch.float16)
+        fast.use_fused_kernels()
+        lf, af = fast(*args)
+        exact = LayaTorch.from_checkpoint(tiny_par_ckpt, dtype=torch.float32)
+        exact.use_fused_kernels(Precision(torch.float32, torch.float32, True, True))
+        del called[:]
+        le, ae = exact(*args)
+    head = [id(exact._split[id(m)]) for layer in exact.head.layers
+            for m in (layer.self_attn, layer.self_attn.out_proj, layer.linear1, layer.linear2)]
+    assert head and set(head) <= set(called), "head GEMMs not split"
+    live = ref[0].abs() < 1e3                                      # masked option slots hold -1e4
+    for e, f, r in ((le[live], lf[live], ref[0][live]), (ae, af, ref[1])):
+        assert np.isfinite(e.numpy()).all()
+        fast_err = float((f.float() - r).abs().max())
+        assert fast_err > 0 and float((e - r).abs().max()) < 2 ** -6 * fast_err, fast_err
 
 
 def test_kernel_choice_is_explicit(tiny_ckpt):

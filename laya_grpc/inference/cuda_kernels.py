@@ -15,10 +15,13 @@ Here each is one pass:
   dtype, then the add, where addmm rounded once. `layer_norm` is the same kernel with no `o`. The
   residual x may be float32 while o and y are 16-bit: the residual stream then never rounds to 16
   bits (what keeps the served answers close to CPU fp32, docs/precision.md);
+- the decision head's steps between its GEMMs (torch_model._fused_head): `add_layer_norm` with the
+  GEMM's bias and the norm's bias (`o_bias=`, `bias=`), `add_bias` (the last residual add, no norm)
+  and `bias_relu`: 9 launches a head layer where eager ops take ~17;
 - `split_fp16`: a float32 activation as a pair of fp16 halves (hi, lo) for the tensor-core GEMMs of
-  split_gemm.py, which keep float32 accuracy at fp16 speed. `add_layer_norm`, `gelu_gate` and
-  cuda_attention.py's kernel write that form themselves (`split=`, `split_store`) when their output
-  feeds such a GEMM: one launch fewer each.
+  split_gemm.py, which keep float32 accuracy at fp16 speed. `add_layer_norm`, `gelu_gate`,
+  `bias_relu` and cuda_attention.py's kernel write that form themselves (`split=`, `split_store`)
+  when their output feeds such a GEMM: one launch fewer each.
 
 Triton imports lazily: on a host without it `available()` says why, and the CPU tests run these
 same kernels through Triton's interpreter (TRITON_INTERPRET=1, tests/test_fused_encoder.py).
@@ -132,8 +135,9 @@ def _norm_kernel():
     # specialised, so every bucket reuses one compiled variant per (dtype, d, HAS_RES); d (one value
     # per model) stays specialised, its divisibility by 16 vectorises the row loads.
     @triton.jit(do_not_specialize=["n_rows"])
-    def add_layer_norm_kernel(x_ptr, o_ptr, w_ptr, y_ptr, n_rows, d, eps,
-                              ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr):
+    def add_layer_norm_kernel(x_ptr, o_ptr, ob_ptr, w_ptr, b_ptr, y_ptr, n_rows, d, eps,
+                              ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, HAS_OB: tl.constexpr,
+                              NORM: tl.constexpr, HAS_B: tl.constexpr, SPLIT: tl.constexpr):
         r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
         c = tl.arange(0, BLOCK)[None, :]
         cm = c < d
@@ -141,21 +145,28 @@ def _norm_kernel():
         off = r.to(tl.int64) * d + c
         h = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
         if HAS_RES:
-            h += tl.load(o_ptr + off, mask=m, other=0.0).to(tl.float32)
+            o = tl.load(o_ptr + off, mask=m, other=0.0).to(tl.float32)
+            if HAS_OB:   # the GEMM's bias, added to its float32 output before the residual add
+                o += tl.load(ob_ptr + c, mask=cm, other=0.0).to(tl.float32)
+            h += o
             # the eager `x + o` rounds the sum to the stream's dtype; the statistics use that value
             h = h.to(x_ptr.dtype.element_ty)
             tl.store(x_ptr + off, h, mask=m)
             h = h.to(tl.float32)
-        mean = tl.sum(h, axis=1)[:, None] / d
-        diff = tl.where(cm, h - mean, 0.0)
-        var = tl.sum(diff * diff, axis=1)[:, None] / d        # biased, as F.layer_norm
-        rstd = tl.math.rsqrt(var + eps)
-        w = tl.load(w_ptr + c, mask=cm, other=0.0).to(tl.float32)
-        # torch's CUDA kernel: gamma * (rstd * (x - mean)), in fp32, one rounding to the dtype
-        if SPLIT == 0:
-            tl.store(y_ptr + off, (w * (diff * rstd)).to(y_ptr.dtype.element_ty), mask=m)
-        else:   # a float32 y, written as the split GEMM's fp16 parts
-            _store_split(y_ptr + r.to(tl.int64) * (SPLIT * d) + c, w * (diff * rstd), d, m, SPLIT)
+        if NORM:
+            mean = tl.sum(h, axis=1)[:, None] / d
+            diff = tl.where(cm, h - mean, 0.0)
+            var = tl.sum(diff * diff, axis=1)[:, None] / d        # biased, as F.layer_norm
+            rstd = tl.math.rsqrt(var + eps)
+            w = tl.load(w_ptr + c, mask=cm, other=0.0).to(tl.float32)
+            # torch's CUDA kernel: gamma * (rstd * (x - mean)) (+ beta), in fp32, one rounding to the dtype
+            v = w * (diff * rstd)
+            if HAS_B:
+                v += tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
+            if SPLIT == 0:
+                tl.store(y_ptr + off, v.to(y_ptr.dtype.element_ty), mask=m)
+            else:   # a float32 y, written as the split GEMM's fp16 parts
+                _store_split(y_ptr + r.to(tl.int64) * (SPLIT * d) + c, v, d, m, SPLIT)
 
     return triton, add_layer_norm_kernel
 
@@ -165,6 +176,7 @@ def available() -> tuple[bool, str]:
     try:
         _kernels()
         _norm_kernel()
+        _relu_kernel()
         _split_kernel()
     except Exception as e:  # noqa: BLE001 - reported to the operator, never swallowed
         return False, "triton unavailable: %s: %s" % (type(e).__name__, e)
@@ -211,33 +223,85 @@ def gelu_gate(x, split: int = 0):
     return out
 
 
-def _norm_launch(x, o, weight, eps: float, out_dtype=None, split: int = 0):
+def _norm_launch(x, o, weight, eps: float, out_dtype=None, split: int = 0, bias=None, o_bias=None, norm: bool = True):
     triton, kernel = _norm_kernel()
     n, d = x.shape
-    if not x.is_contiguous() or weight.shape != (d,) or (o is not None and (o.shape != x.shape or not o.is_contiguous())):
-        raise ValueError("add_layer_norm: x, o contiguous [N, d], weight [d]; got %s %s %s"
-                         % (tuple(x.shape), None if o is None else (tuple(o.shape), o.dtype), tuple(weight.shape)))
-    y = split_out(n, d, out_dtype or x.dtype, split, x.device, "add_layer_norm")
+    vectors = [v for v in (weight, bias, o_bias) if v is not None]
+    if not x.is_contiguous() or any(v.shape != (d,) for v in vectors) or (o is None and o_bias is not None) \
+            or (o is not None and (o.shape != x.shape or not o.is_contiguous())):
+        raise ValueError("add_layer_norm: x, o contiguous [N, d], weight, bias, o_bias [d]; got %s %s %s"
+                         % (tuple(x.shape), None if o is None else (tuple(o.shape), o.dtype),
+                            [tuple(v.shape) for v in vectors]))
+    y = split_out(n, d, out_dtype or x.dtype, split, x.device, "add_layer_norm") if norm else None
     block = triton.next_power_of_2(d)
     rows = max(1, 1024 // block)
     # ~1024 elements a program, 4 warps: 8 per thread, 16-byte loads at fp16 (d = 1024: one row)
-    kernel[(triton.cdiv(n, rows),)](x, x if o is None else o, weight, y, n, d, float(eps), ROWS=rows, BLOCK=block,
-                                    HAS_RES=o is not None, SPLIT=split, num_warps=min(max(rows * block // 256, 1), 16))
+    kernel[(triton.cdiv(n, rows),)](x, x if o is None else o, x if o_bias is None else o_bias,
+                                    x if weight is None else weight, x if bias is None else bias,
+                                    x if y is None else y, n, d, float(eps), ROWS=rows, BLOCK=block,
+                                    HAS_RES=o is not None, HAS_OB=o_bias is not None, NORM=norm,
+                                    HAS_B=bias is not None, SPLIT=split,
+                                    num_warps=min(max(rows * block // 256, 1), 16))
     return y
 
 
-def add_layer_norm(x, o, weight, eps: float, out_dtype=None, split: int = 0):
-    """(x, y): x += o in place (rounded to x's dtype, as the eager `x + o`), y = layer_norm(x, (d,),
-    weight, None, eps) in a new buffer of `out_dtype` (default x's). x, o: [N, d] contiguous, each of
-    any float dtype (the residual stream x is float32 on CUDA, o a 16-bit or float32 GEMM output);
-    weight: [d]; fp32 maths. With `split` (a float32 y) y comes as split_fp16(y, split) would make it."""
-    return x, _norm_launch(x, o, weight, eps, out_dtype, split)
+def add_layer_norm(x, o, weight, eps: float, out_dtype=None, split: int = 0, bias=None, o_bias=None):
+    """(x, y): x += o (+ o_bias) in place (rounded to x's dtype, as the eager `x + o`), y =
+    layer_norm(x, (d,), weight, bias, eps) in a new buffer of `out_dtype` (default x's). x, o: [N, d]
+    contiguous, each of any float dtype (the residual stream x is float32 on CUDA, o a 16-bit or
+    float32 GEMM output); weight, bias, o_bias (o's GEMM bias, added in float32): [d]; fp32 maths.
+    With `split` (a float32 y) y comes as split_fp16(y, split) would make it."""
+    return x, _norm_launch(x, o, weight, eps, out_dtype, split, bias, o_bias)
+
+
+def add_bias(x, o, o_bias):
+    """x += o + o_bias in place (rounded once to x's dtype): a residual add with no norm after it
+    (the decision head's last layer), `add_layer_norm`'s kernel without its norm."""
+    _norm_launch(x, o, None, 0.0, o_bias=o_bias, norm=False)
+    return x
 
 
 def layer_norm(x, weight, eps: float, out_dtype=None):
     """layer_norm(x, (d,), weight, None, eps) for x [N, d] contiguous, into `out_dtype` (default x's):
     `add_layer_norm` with no o (x is only read)."""
     return _norm_launch(x, None, weight, eps, out_dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def _relu_kernel():
+    import triton
+    import triton.language as tl
+    split_store()
+
+    # n_rows changes with every CUDA-graph bucket: not specialised (one compiled variant per width)
+    @triton.jit(do_not_specialize=["n_rows"])
+    def bias_relu_kernel(x_ptr, b_ptr, out_ptr, n_rows, k, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = c < k
+        v = tl.load(x_ptr + r * k + c, mask=m, other=0.0).to(tl.float32) + tl.load(b_ptr + c, mask=m, other=0.0).to(tl.float32)
+        v = tl.maximum(v, 0.0)
+        if SPLIT == 0:
+            tl.store(out_ptr + r * k + c, v.to(out_ptr.dtype.element_ty), mask=m)
+        else:   # written as the split GEMM's fp16 parts
+            _store_split(out_ptr + r * (SPLIT * k) + c, v, k, m, SPLIT)
+
+    return triton, bias_relu_kernel
+
+
+def bias_relu(x, bias, out_dtype, split: int = 0):
+    """relu(x + bias) for a GEMM's float32 output x [N, K] (contiguous) and its bias [K], in fp32 and
+    rounded once to `out_dtype`; with `split` (a float32 result) as split_fp16 would make it [N, split*K].
+    The decision head's linear1: bias and ReLU in the pass that also splits linear2's input."""
+    triton, kernel = _relu_kernel()
+    n, k = x.shape
+    if not x.is_contiguous() or bias.shape != (k,):
+        raise ValueError("bias_relu: contiguous [N, K] input and a [K] bias; got %s, %s"
+                         % (tuple(x.shape), tuple(bias.shape)))
+    out = split_out(n, k, out_dtype, split, x.device, "bias_relu")
+    block = min(1024, triton.next_power_of_2(k))
+    kernel[(n, triton.cdiv(k, block))](x, bias, out, n, k, BLOCK=block, SPLIT=split)
+    return out
 
 
 @functools.lru_cache(maxsize=1)

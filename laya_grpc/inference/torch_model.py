@@ -233,8 +233,8 @@ class LayaTorch(nn.Module):
             for layer in self.head.layers:
                 sa = layer.self_attn
                 split[id(sa)] = SplitLinear(sa.in_proj_weight, sa.in_proj_bias)
-                for lin in (sa.out_proj, layer.linear1, layer.linear2):
-                    split[id(lin)] = SplitLinear(lin.weight, lin.bias)
+                for lin in (sa.out_proj, layer.linear1, layer.linear2):   # their biases: in the next kernel
+                    split[id(lin)] = SplitLinear(lin.weight)
         if p.split_encoder:
             for layer in self.encoder.layers:
                 for lin in (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo):
@@ -394,26 +394,69 @@ class LayaTorch(nn.Module):
             return ca.attention_packed(qkv, *tables[kind], starts, lengths, blk_seg, blk_m0, H, window,
                                        kind == SLIDING, scale, split=split)
 
-        h = self._fused_stack(ids, attend)
-        h = h.to(self.type_emb.weight.dtype) + self.type_emb(tok_qtype)
-        if self.head is not None:
-            nh = spec.head_heads
-            d = h.shape[-1]
-            for layer in self.head.layers:
-                sa = layer.self_attn
-                sp = self._split.get(id(sa))
-                y = layer.norm1(h)
-                qkv = sp(y) if sp is not None else F.linear(y, sa.in_proj_weight, sa.in_proj_bias)
-                terms = self._terms(sa.out_proj, qkv.dtype)
-                a = ca.attention_packed(qkv, None, None, starts, lengths, blk_seg, blk_m0, nh, 0, False,
-                                        (d // nh) ** -0.5, rope=False, split=terms)
-                h = h + self._gemm(sa.out_proj, a, split=terms > 0)
-                h = h + self._gemm(layer.linear2, F.relu(self._gemm(layer.linear1, layer.norm2(h))))
+        nh = spec.head_heads
+        h = self._fused_head(self._fused_stack(ids, attend), self.type_emb(tok_qtype),
+                             lambda qkv, split: ca.attention_packed(
+                                 qkv, None, None, starts, lengths, blk_seg, blk_m0, nh, 0, False,
+                                 (spec.hidden_size // nh) ** -0.5, rope=False, split=split))
         S = marker_pos.shape[0]
         sdt = self.scorer[1].weight.dtype
         logits = self.scorer(h[marker_pos.long()].to(sdt)).squeeze(-1).float()
         logits = logits.masked_fill(~marker_mask.bool(), -1e4)
         return logits, self._act(logits, marker_mask, h[starts[:S].long()])
+
+    def _fused_head(self, h: torch.Tensor, types: torch.Tensor, attend) -> torch.Tensor:
+        """The type embedding's add and the decision head's layers on the fused path, over a flat token
+        stream: h [N, d] the encoder's output, types [N, d] each token's type embedding, `attend(qkv
+        [N, 3d], split) -> [N, d]` (with `split`, in out_proj's split form) from the packed or the padded
+        forward. Returns the head's output [N, d] in the head's dtype.
+
+        Per layer: in_proj, attention, out_proj, one add + norm2 kernel (out_proj's bias, the residual
+        add, the norm; its output in linear1's split form), linear1, one bias + ReLU kernel, linear2,
+        one add + the next layer's norm1 (the last layer: the add only); the GEMMs float32-accurate
+        through split fp16 operands where `use_fused_kernels` split them (the exact mode), else in the
+        weights' dtype with a float32 result, so each bias is added in float32 before one rounding.
+        Why not `_head_layer`: torch's fused layer runs float32 GEMMs on a GPU's CUDA cores (about a
+        fifth of a 256-row padded forward), and eager ops take ~17 kernels a layer where this takes 9."""
+        from . import cuda_kernels as ck
+        hdt = self.type_emb.weight.dtype
+        h = h if h.dtype == hdt and h.is_contiguous() else h.to(hdt).contiguous()
+        if self.head is None:
+            return h.add_(types)
+        layers = self.head.layers
+        first = layers[0].self_attn
+        h, y = ck.add_layer_norm(h, types, layers[0].norm1.weight, layers[0].norm1.eps, bias=layers[0].norm1.bias,
+                                 split=self._terms(first, hdt))
+        for i, layer in enumerate(layers):
+            sa = layer.self_attn
+            sp = self._split.get(id(sa))
+            qkv = (sp.on_split(y) if self._terms(sa, hdt) else sp(y)) if sp is not None \
+                else F.linear(y, sa.in_proj_weight, sa.in_proj_bias)
+            terms = self._terms(sa.out_proj, hdt)
+            o = self._head_gemm(sa.out_proj, attend(qkv, terms), terms)
+            terms = self._terms(layer.linear1, hdt)
+            h, y = ck.add_layer_norm(h, o, layer.norm2.weight, layer.norm2.eps, bias=layer.norm2.bias,
+                                     o_bias=sa.out_proj.bias, split=terms)
+            u = self._head_gemm(layer.linear1, y, terms)
+            terms = self._terms(layer.linear2, hdt)
+            o = self._head_gemm(layer.linear2, ck.bias_relu(u, layer.linear1.bias, hdt, split=terms), terms)
+            if i + 1 < len(layers):
+                nxt = layers[i + 1]
+                h, y = ck.add_layer_norm(h, o, nxt.norm1.weight, nxt.norm1.eps, bias=nxt.norm1.bias,
+                                         o_bias=layer.linear2.bias, split=self._terms(nxt.self_attn, hdt))
+            else:
+                h = ck.add_bias(h, o, layer.linear2.bias)
+        return h
+
+    def _head_gemm(self, lin, x, terms: int) -> torch.Tensor:
+        """x lin.weight^T in float32, without the bias (the kernel after it adds that): split where
+        `use_fused_kernels` split lin (`terms`: x already is in split form), else one GEMM in the
+        weights' dtype with a float32 result."""
+        from .split_gemm import mm_fp32_out
+        sp = self._split.get(id(lin))
+        if sp is not None:
+            return sp.on_split(x) if terms else sp(x)
+        return mm_fp32_out(x, lin.weight)
 
     def _head_layer(self, layer: _HeadLayer, h: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         """One pre-norm nn.TransformerEncoderLayer step, on the kernel upstream's call reaches.
@@ -443,13 +486,24 @@ class LayaTorch(nn.Module):
                 position_ids=None, option_ids=None):
         if (position_ids is None) != (option_ids is None):
             raise LayaError(Kind.INTERNAL, "position_ids and option_ids come together (parallel option layout)")
-        encode = self.encode_fused if self.kernels == "fused" else self.encode
-        h = encode(input_ids, attention_mask, position_ids, option_ids)
-        head_dtype = self.type_emb.weight.dtype
-        h = h.to(head_dtype) + self.type_emb(qtype)[:, None, :]
-        if self.head is not None:
+        if self.kernels == "fused":
+            h = self.encode_fused(input_ids, attention_mask, position_ids, option_ids)
+            B, L, d = h.shape
+            nh = self.spec.head_heads
+            keys = attention_mask.bool()[:, None, None, :]
+
+            def attend(qkv, split):
+                from . import cuda_kernels as ck
+                q, k, v = qkv.view(B, L, 3, nh, d // nh).permute(2, 0, 3, 1, 4)   # each [B, nh, L, hd]
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=keys).transpose(1, 2).reshape(B * L, d)
+                return ck.split_fp16(a.contiguous(), split) if split else a
+            types = self.type_emb(qtype)[:, None, :].expand(B, L, d).contiguous().view(B * L, d)
+            h = self._fused_head(h.reshape(B * L, d), types, attend).view(B, L, d)
+        else:
+            h = self.encode(input_ids, attention_mask, position_ids, option_ids)
+            h = h.to(self.type_emb.weight.dtype) + self.type_emb(qtype)[:, None, :]
             pad = ~attention_mask.bool()
-            for layer in self.head.layers:
+            for layer in self.head.layers if self.head is not None else ():
                 h = self._head_layer(layer, h, pad)
         idx = marker_pos.clamp(min=0)[:, :, None].expand(-1, -1, h.size(-1))
         logits = self.scorer(torch.gather(h, 1, idx).to(self.scorer[1].weight.dtype)).squeeze(-1).float()
