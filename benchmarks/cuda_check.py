@@ -1,7 +1,7 @@
 """Correctness of the CUDA path on a real GPU, before anything is timed (the first step of a GPU run).
 
 1. The Triton kernels (inference/cuda_kernels.py) against the eager torch ops they replace, on
-   fresh random fp16 inputs (add_layer_norm also bf16 and fp32), every element compared.
+   fresh random inputs (fp16; add_layer_norm also bf16 and fp32, and with the decision head's biases), every element compared.
 2. Tiny checkpoints (sequential and parallel option layout): the CUDA runner (CUDA graphs, fused
    encoder packed and padded, reference encoder; fp16 and fp32) against the CPU fp32 runner on real
    tokenized rows, logits compared; a forward started without waiting (`start_rows`) keeps its
@@ -134,12 +134,26 @@ def ulps(torch, got, ref):
     return (got.float() - ref.float()).abs() / _spacing(torch, ref)
 
 
+def _norm_bound(torch, ref, h, w, eps: float, b=None):
+    """How far the kernel's y = LayerNorm(h) w (+ b) may lie from torch's `ref` (in ref's dtype): 1 ulp
+    of ref (each side rounds once; a value near a midpoint may round the other way) + 2^-20 (|w| rstd
+    max|h| + |b|). Both sides compute in float32 but reduce the mean and variance in other orders, and
+    h - mean cancels where h lies near the mean, so the float32 error scales with the row's largest
+    |h| (times rstd and |w|), not with y; w n + b cancels likewise. 2^-20 is 16 float32 ulps of
+    those terms. (A bound relative to y alone fails on near-mean values: 12 bf16 ulp at 10,240 rows.)"""
+    hf = h.float()
+    rstd = torch.rsqrt(hf.var(dim=1, unbiased=False, keepdim=True) + eps)
+    scale = w.float().abs() * rstd * hf.abs().amax(dim=1, keepdim=True)
+    if b is not None:
+        scale = scale + b.float().abs()
+    return _spacing(torch, ref) + 2.0 ** -20 * scale
+
+
 def check_add_layer_norm(torch, g) -> list[str]:
-    """x += o in place must equal the eager `x + o` bit for bit (the same fp32 add, one rounding);
-    y must equal the eager F.layer_norm of that sum to within 1 ulp in fp16 (bf16: 4, below; fp32
-    statistics reduced in another order: a value at a rounding midpoint may round the other way),
-    fp32 to 1e-5 (there the reduction order shows directly). The no-`o` variant (the embedding
-    norm) the same against F.layer_norm(x)."""
+    """x += o in place must equal the eager `x + o` bit for bit (the same fp32 add, one rounding); y
+    must equal the eager F.layer_norm of that sum within `_norm_bound`. The no-`o` variant (the
+    embedding norm) the same against F.layer_norm(x); the decision head's variant (a float32 GEMM
+    output plus its bias, then the norm's bias) against the same operations in float32."""
     import torch.nn.functional as F
     from laya_grpc.inference import cuda_kernels as ck
     bad = []
@@ -149,45 +163,27 @@ def check_add_layer_norm(torch, g) -> list[str]:
             x = (torch.randn(n, d, device="cuda", generator=g) * 4 + 1).to(dtype)
             o = (torch.randn(n, d, device="cuda", generator=g) * 2).to(dtype)
             w = (1 + 0.3 * torch.randn(d, device="cuda", generator=g)).to(dtype)
+            ob, b = (torch.randn(d, device="cuda", generator=g) * 0.5).to(dtype), \
+                (torch.randn(d, device="cuda", generator=g) * 0.5).to(dtype)
             h = x + o
-            ref = F.layer_norm(h, (d,), w, None, eps)
+            hb = (x.float() + (o.float() + ob.float())).to(dtype)
             x0, xb = x.clone(), x.clone()
             xx, y = ck.add_layer_norm(x, o, w, eps)
             y0 = ck.layer_norm(x0, w, eps)
-            ref0 = F.layer_norm(x0, (d,), w, None, eps)
-            h_ok = xx is x and torch.equal(x, h)
-            err, err0 = float((y - ref).abs().max()), float((y0 - ref0).abs().max())
-            u, u0 = float(ulps(torch, y, ref).max()), float(ulps(torch, y0, ref0).max())
-            diff = int((y != ref).sum())
-            print("add_layer_norm %s n=%d d=%d: h bit-equal %s; y elements differing %d, max|err| %.3g (%.2f ulp); "
-                  "layer_norm max|err| %.3g (%.2f ulp)" % (str(dtype)[6:], n, d, h_ok, diff, err, u, err0, u0),
+            yb = ck.add_layer_norm(xb, o.float(), w, eps, bias=b, o_bias=ob)[1]
+            h_ok = xx is x and torch.equal(x, h) and torch.equal(xb, hb)
+            cases = {"add": (y, F.layer_norm(h, (d,), w, None, eps), h, None),
+                     "norm": (y0, F.layer_norm(x0, (d,), w, None, eps), x0, None),
+                     "biases": (yb, F.layer_norm(hb.float(), (d,), w.float(), b.float(), eps).to(dtype), hb, b)}
+            worst, line = 0.0, []
+            for name, (got, ref, hh, bias) in cases.items():
+                r = float(((got.float() - ref.float()).abs() / _norm_bound(torch, ref, hh, w, eps, bias)).max())
+                worst = max(worst, r)
+                line.append("%s %d differing, %.2f ulp, %.3f of the bound" % (name, int((got != ref).sum()),
+                                                                             float(ulps(torch, got, ref).max()), r))
+            print("add_layer_norm %s n=%d d=%d: h bit-equal %s; y: %s" % (str(dtype)[6:], n, d, h_ok, "; ".join(line)),
                   flush=True)
-            if dtype == torch.float32:
-                close = all(bool(torch.isclose(a, b, rtol=1e-5, atol=1e-5).all()) for a, b in ((y, ref), (y0, ref0)))
-            elif dtype == torch.float16:   # the shipped dtype
-                close = u <= 1.0 and u0 <= 1.0
-            else:
-                # bf16 (opt-in, already outside the parity tolerance on its own): the H200 run measured
-                # 3 ulp on the plain norm at 10240 rows (a handful of 10M elements), cause not found
-                close = u <= 4.0 and u0 <= 4.0
-            # the decision head's variant: a float32 GEMM output plus its bias, then the norm's bias. y =
-            # w n + b may cancel, so its float32 error (FMA contraction, reduction order) scales with the
-            # terms, not the result: |y - ref| <= 1 ulp of ref in the dtype + 2^-16 (|w n| + |b|), 2^-16
-            # being the 1e-5 relative of the float32 checks above
-            ob, b = (torch.randn(d, device="cuda", generator=g) * 0.5).to(dtype), \
-                (torch.randn(d, device="cuda", generator=g) * 0.5).to(dtype)
-            of = o.float()
-            hb = (xb.float() + (of + ob.float())).to(dtype)
-            refb = F.layer_norm(hb.float(), (d,), w.float(), b.float(), eps)
-            terms = F.layer_norm(hb.float(), (d,), w.float(), None, eps).abs() + b.float().abs()
-            yb = ck.add_layer_norm(xb, of, w, eps, bias=b, o_bias=ob)[1]
-            hb_ok = torch.equal(xb, hb)
-            rb = refb.to(dtype)
-            worst = float(((yb.float() - refb).abs() / (_spacing(torch, rb) + 2.0 ** -16 * terms)).max())
-            print("  with biases: h bit-equal %s; |y - ref| / (1 ulp + 2^-16 (|w n| + |b|)) at most %.3f"
-                  % (hb_ok, worst), flush=True)
-            close = close and worst <= 1.0
-            if not (h_ok and hb_ok and close and torch.isfinite(y).all() and torch.isfinite(y0).all()):
+            if not (h_ok and worst <= 1.0 and torch.isfinite(y).all() and torch.isfinite(y0).all()):
                 bad.append("add_layer_norm %s" % ((str(dtype)[6:], n, d),))
     return bad
 
