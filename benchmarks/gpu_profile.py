@@ -39,7 +39,7 @@ def kernel_study(a, rec) -> list:
     model.use_fused_kernels()
     tables = []
     for layout in a.layouts.split(","):
-        study = _packed_steps if layout == "packed" else _padded_steps
+        study = LAYOUTS[layout]
         for s in SHAPES:
             batch = rows([s[1]] * s[0], s[2], model.spec.vocab_size, seed=s[0])
             steps, buckets, replay, close = study(torch, model, batch, s)
@@ -89,6 +89,9 @@ def _packed_steps(torch, model, batch, s):
         steps.append(entry.step)
         buckets.append([bk.segments, bk.tokens])
     return steps, buckets, replay, pf.close
+
+
+LAYOUTS = {"packed": _packed_steps, "padded": _padded_steps}
 
 
 def _profile(torch, steps):
@@ -184,6 +187,8 @@ def main(argv=None) -> int:
                    help="the kernel study's weights: float32 is the exact mode `--dtype auto` serves on CUDA, "
                         "float16 the fast mode")
     a = p.parse_args(argv)
+    if set(a.layouts.split(",")) - set(LAYOUTS):
+        p.error("--layouts: a comma list of %s" % ", ".join(LAYOUTS))
     os.makedirs(a.out, exist_ok=True)
     rec = Out(os.path.join(a.out, "gpu_profile.jsonl"))
     ensure_large(a.ckpt, rec)

@@ -17,7 +17,8 @@ Here each is one pass:
   bits (what keeps the served answers close to CPU fp32, docs/precision.md);
 - the decision head's steps between its GEMMs (torch_model._fused_head): `add_layer_norm` with the
   GEMM's bias and the norm's bias (`o_bias=`, `bias=`), `add_bias` (the last residual add, no norm)
-  and `bias_relu`: 9 launches a head layer where eager ops take ~17;
+  and `bias_relu`: with its GEMMs and attention, 9 launches a head layer where the exact mode's eager
+  ops took 17;
 - `split_fp16`: a float32 activation as a pair of fp16 halves (hi, lo) for the tensor-core GEMMs of
   split_gemm.py, which keep float32 accuracy at fp16 speed. `add_layer_norm`, `gelu_gate`,
   `bias_relu` and cuda_attention.py's kernel write that form themselves (`split=`, `split_store`)

@@ -416,8 +416,9 @@ class LayaTorch(nn.Module):
         one add + the next layer's norm1 (the last layer: the add only); the GEMMs float32-accurate
         through split fp16 operands where `use_fused_kernels` split them (the exact mode), else in the
         weights' dtype with a float32 result, so each bias is added in float32 before one rounding.
-        Why not `_head_layer`: torch's fused layer runs float32 GEMMs on a GPU's CUDA cores (about a
-        fifth of a 256-row padded forward), and eager ops take ~17 kernels a layer where this takes 9."""
+        Why not `_head_layer`: torch's fused layer runs float32 GEMMs on a GPU's CUDA cores (46 of 193
+        ms of a 256-row padded forward on an H100), and in the exact mode eager ops take 17 launches a
+        layer where this takes 9 (benchmarks/results/2026-12-06-a55faad)."""
         from . import cuda_kernels as ck
         hdt = self.type_emb.weight.dtype
         h = h if h.dtype == hdt and h.is_contiguous() else h.to(hdt).contiguous()
@@ -430,8 +431,10 @@ class LayaTorch(nn.Module):
         for i, layer in enumerate(layers):
             sa = layer.self_attn
             sp = self._split.get(id(sa))
-            qkv = (sp.on_split(y) if self._terms(sa, hdt) else sp(y)) if sp is not None \
-                else F.linear(y, sa.in_proj_weight, sa.in_proj_bias)
+            if sp is None:
+                qkv = F.linear(y, sa.in_proj_weight, sa.in_proj_bias)
+            else:   # y came split from the norm before unless _terms says otherwise
+                qkv = sp.on_split(y) if self._terms(sa, hdt) else sp(y)
             terms = self._terms(sa.out_proj, hdt)
             o = self._head_gemm(sa.out_proj, attend(qkv, terms), terms)
             terms = self._terms(layer.linear1, hdt)
@@ -491,9 +494,9 @@ class LayaTorch(nn.Module):
             B, L, d = h.shape
             nh = self.spec.head_heads
             keys = attention_mask.bool()[:, None, None, :]
+            from . import cuda_kernels as ck
 
             def attend(qkv, split):
-                from . import cuda_kernels as ck
                 q, k, v = qkv.view(B, L, 3, nh, d // nh).permute(2, 0, 3, 1, 4)   # each [B, nh, L, hd]
                 a = F.scaled_dot_product_attention(q, k, v, attn_mask=keys).transpose(1, 2).reshape(B * L, d)
                 return ck.split_fp16(a.contiguous(), split) if split else a
