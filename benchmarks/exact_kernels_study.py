@@ -1,0 +1,152 @@
+"""The exact mode's two costliest steps at the served shapes, each in several forms: which is fastest where.
+
+`python3 -m benchmarks.exact_kernels_study` on the GPU host; torch + triton only (no checkpoint).
+The `large` checkpoint's shapes (d 1024, 16 heads of 64, intermediate 2624, window 64), token counts of
+the packed buckets one short row to a 256-row forward lands in.
+
+1. The split GEMM (inference/split_gemm.py) of each of a layer's four linears, y = x W^T in float32 from
+   x's split form [x_hi | x_lo] and fp16 W (two terms: Laya's weights are fp16), per form:
+     fp16     mm(x16, W^T) with a float32 result: the fast mode's GEMM, a floor for the rest
+     kcat     mm([x_hi | x_lo], [W | W]^T): today's (cuBLAS, W stored twice, K doubled)
+     mstack   mm([x_hi ; x_lo], W^T) -> [2N, M], then the two halves added (W read once, M doubled)
+     tri-...  one Triton kernel reading the split form and W once: acc += x_hi w + x_lo w per K
+              block (tile BMxBNxBK, warps, stages)
+   Each form's float32 result is compared with x W^T in float64; microseconds per call (20 calls in
+   one CUDA graph, median of 15 replays), and per layer (the four linears) per form.
+2. Packed attention in float32 (the exact mode: 3xTF32 dots, output in Wo's split form), one row of 132
+   tokens in the 160-token bucket's block table and 64 rows of 132, FULL and SLIDING, per query block
+   BLOCK_M, warps and pipeline stages.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+
+from benchmarks.attention_check import graph_time
+
+D, HEADS, HD, INTER, WINDOW = 1024, 16, 64, 2624, 64
+LINEARS = (("Wqkv", D, 3 * D), ("Wo", D, D), ("Wi", D, 2 * INTER), ("Wo2", INTER, D))   # name, K, M
+TOKENS = (160, 512, 2048, 16384)
+TRITON_CONFIGS = ((32, 64, 64, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
+                  (128, 256, 64, 8, 3))   # BM, BN, BK, warps, stages
+ATTENTION_CONFIGS = ((64, 4, 2), (64, 4, 3), (32, 2, 2), (32, 4, 2), (32, 4, 3), (16, 2, 2),
+                     (16, 4, 2))   # BLOCK_M, warps, stages; (64, 4, 2) is the served one
+
+
+def dual_mm(a2, w, out, cfg):
+    """[x_hi | x_lo] [N, 2K] fp16 and W [M, K] fp16 -> out [N, M] float32: split_gemm's Triton kernel at tile cfg."""
+    from laya_grpc.inference.split_gemm import _split_mm_kernel
+    triton, kernel = _split_mm_kernel()
+    bm, bn, bk, warps, stages = cfg
+    n, m, k = a2.shape[0], w.shape[0], w.shape[1]
+    kernel[(triton.cdiv(n, bm) * triton.cdiv(m, bn),)](a2, w, out, out, n, m, 1.0, K=k, TERMS=2, HAS_BIAS=False,
+                                                       BM=bm, BN=bn, BK=bk, GROUP=8, num_warps=warps, num_stages=stages)
+    return out
+
+
+def gemm_study(torch) -> dict:
+    from laya_grpc.inference import cuda_kernels as ck
+    g = torch.Generator(device="cuda").manual_seed(0)
+    per_layer = {}
+    for n in TOKENS:
+        for name, k, m in LINEARS:
+            x = torch.randn(n, k, device="cuda", generator=g) * 0.5
+            w = (torch.randn(m, k, device="cuda", generator=g) * k ** -0.5).half()
+            ref = (x.double() @ w.double().t())
+            x16 = x.half()
+            a2 = ck.split_fp16(x.contiguous(), 2)                     # [N, 2K]: [hi | lo]
+            wcat = torch.cat([w, w], 1).contiguous()
+            ast = torch.cat([a2[:, :k], a2[:, k:]], 0).contiguous()    # [2N, K]
+            y = torch.empty(n, m, device="cuda")
+            y2 = torch.empty(2 * n, m, device="cuda")
+            forms = {
+                "fp16": lambda: torch.mm(x16, w.t(), out_dtype=torch.float32, out=y),
+                "kcat": lambda: torch.mm(a2, wcat.t(), out_dtype=torch.float32, out=y),
+                "mstack": lambda: torch.add(torch.mm(ast, w.t(), out_dtype=torch.float32, out=y2)[:n], y2[n:], out=y),
+            }
+            for cfg in TRITON_CONFIGS:
+                forms["tri-%dx%dx%d-w%d-s%d" % cfg] = (lambda c=cfg: dual_mm(a2, w, y, c))
+            for form, fn in forms.items():
+                try:
+                    fn()
+                    torch.cuda.synchronize()
+                    err = float(((y.double() - ref).abs() / (ref.abs() + 1e-3 * float(ref.abs().max()))).max())
+                    us = graph_time(torch, fn)
+                except Exception as e:  # noqa: BLE001 - one form's failure hides no other
+                    print("gemm %5d %-5s %-22s ERROR %s: %s" % (n, name, form, type(e).__name__, str(e)[:200]), flush=True)
+                    continue
+                per_layer.setdefault((n, form), []).append(us)
+                tb = (m * k * (1 if form != "kcat" else 2) * 2) / (us * 1e-6) / 1e12
+                print("gemm %5d %-5s %-22s %9.2f us  weights %5.2f TB/s  max rel err %.2e (%.1f bits)"
+                      % (n, name, form, us, tb, err, -math.log2(err) if err > 0 else 99), flush=True)
+    return per_layer
+
+
+def attention_study(torch) -> None:
+    from laya_grpc.inference import cuda_attention as ca
+    g = torch.Generator(device="cuda").manual_seed(1)
+    cos, sin = (t.half() for t in _tables(torch))
+    for rows, length, bucket in ((1, 132, 160), (64, 132, 9216)):
+        total = rows * length
+        qkv = torch.randn(bucket, 3 * HEADS * HD, device="cuda", generator=g)
+        slots = max(4, 1 << (max(4, bucket // 32) - 1).bit_length()) if rows == 1 else 64
+        starts = torch.tensor([i * length for i in range(rows)] + [0] * (slots - rows + 1), dtype=torch.int32, device="cuda")
+        lengths = torch.tensor([length] * rows + [0] * (slots - rows + 1), dtype=torch.int32, device="cuda")
+        assert total <= bucket
+        for bm, warps, stages in ATTENTION_CONFIGS:
+            nb = -(-length // bm)
+            blocks = bucket // bm + slots
+            seg = [i for i in range(rows) for _ in range(nb)] + [slots] * (blocks - rows * nb)
+            m0 = [j * bm for _ in range(rows) for j in range(nb)] + [0] * (blocks - rows * nb)
+            blk_seg = torch.tensor(seg, dtype=torch.int32, device="cuda")
+            blk_m0 = torch.tensor(m0, dtype=torch.int32, device="cuda")
+            for sliding in (False, True):
+                def fn():
+                    return ca.attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, HEADS, WINDOW,
+                                               sliding, HD ** -0.5, split=2, num_warps=warps,
+                                               num_stages=stages, block_m=bm)
+                kind = "sliding" if sliding else "full"
+                try:
+                    us = graph_time(torch, fn)
+                except Exception as e:  # noqa: BLE001
+                    print("attention %dx%d %s bm%d w%d s%d ERROR %s: %s" % (rows, length, kind, bm, warps, stages,
+                                                                          type(e).__name__, str(e)[:200]), flush=True)
+                    continue
+                print("attention %3dx%d %-7s bm%-2d w%d s%d %8.2f us" % (rows, length, kind, bm, warps, stages, us),
+                      flush=True)
+
+
+def _tables(torch):
+    inv = 1.0 / (160000.0 ** (torch.arange(0, HD, 2, device="cuda").float() / HD))
+    f = torch.arange(512, device="cuda").float()[:, None] * inv[None, :]
+    emb = torch.cat((f, f), -1)
+    return emb.cos(), emb.sin()
+
+
+def main(argv=None) -> int:
+    import torch
+    p = argparse.ArgumentParser(prog="python3 -m benchmarks.exact_kernels_study")
+    p.add_argument("--studies", default="gemm,attention")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("exact_kernels_study: no CUDA device")
+        return 1
+    print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    if "attention" in a.studies:
+        try:
+            attention_study(torch)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+    if "gemm" in a.studies:
+        per_layer = gemm_study(torch)
+        print("\nper layer (the four linears), us:")
+        for n in TOKENS:
+            forms = sorted((sum(v), f) for (t, f), v in per_layer.items() if t == n and len(v) == len(LINEARS))
+            print("%5d tokens: " % n + ", ".join("%s %.1f" % (f, s) for s, f in forms))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
