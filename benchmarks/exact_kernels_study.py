@@ -20,6 +20,7 @@ the packed buckets one short row to a 256-row forward lands in.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import traceback
@@ -35,14 +36,46 @@ ATTENTION_CONFIGS = ((64, 4, 2), (64, 4, 3), (32, 2, 2), (32, 4, 2), (32, 4, 3),
                      (16, 4, 2))   # BLOCK_M, warps, stages; (64, 4, 2) is the served one
 
 
+@functools.lru_cache(maxsize=1)
+def _dual_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dual_gemm(a_ptr, w_ptr, y_ptr, N, M, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  GROUP: tl.constexpr):
+        pid = tl.program_id(0)
+        grid_n, grid_m = tl.cdiv(N, BM), tl.cdiv(M, BN)
+        width = GROUP * grid_m                  # GROUP row blocks share the W columns they read (L2)
+        first = (pid // width) * GROUP
+        rows = tl.minimum(grid_n - first, GROUP)
+        pn = first + (pid % width) % rows
+        pm = (pid % width) // rows
+        offs_n = pn * BM + tl.arange(0, BM)
+        offs_m = pm * BN + tl.arange(0, BN)
+        offs_k = tl.arange(0, BK)
+        n_ok, m_ok = offs_n < N, offs_m < M
+        a = a_ptr + offs_n[:, None].to(tl.int64) * (2 * K) + offs_k[None, :]
+        w = w_ptr + offs_m[None, :].to(tl.int64) * K + offs_k[:, None]
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k0 in range(0, K, BK):
+            k_ok = (k0 + offs_k) < K
+            am = n_ok[:, None] & k_ok[None, :]
+            b = tl.load(w + k0, mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+            acc = tl.dot(tl.load(a + k0, mask=am, other=0.0), b, acc)
+            acc = tl.dot(tl.load(a + K + k0, mask=am, other=0.0), b, acc)
+        tl.store(y_ptr + offs_n[:, None].to(tl.int64) * M + offs_m[None, :], acc, mask=n_ok[:, None] & m_ok[None, :])
+
+    return triton, dual_gemm
+
+
 def dual_mm(a2, w, out, cfg):
-    """[x_hi | x_lo] [N, 2K] fp16 and W [M, K] fp16 -> out [N, M] float32: split_gemm's Triton kernel at tile cfg."""
-    from laya_grpc.inference.split_gemm import _split_mm_kernel
-    triton, kernel = _split_mm_kernel()
+    """[x_hi | x_lo] [N, 2K] fp16 and W [M, K] fp16 -> out [N, M] float32 in one Triton launch at tile cfg."""
+    triton, kernel = _dual_kernel()
     bm, bn, bk, warps, stages = cfg
     n, m, k = a2.shape[0], w.shape[0], w.shape[1]
-    kernel[(triton.cdiv(n, bm) * triton.cdiv(m, bn),)](a2, w, out, out, n, m, 1.0, K=k, TERMS=2, HAS_BIAS=False,
-                                                       BM=bm, BN=bn, BK=bk, GROUP=8, num_warps=warps, num_stages=stages)
+    kernel[(triton.cdiv(n, bm) * triton.cdiv(m, bn),)](a2, w, out, n, m, K=k, BM=bm, BN=bn, BK=bk, GROUP=8,
+                                                       num_warps=warps, num_stages=stages)
     return out
 
 

@@ -153,9 +153,8 @@ class Packed:
     padded-batch interface, so every figure here is taken the same way for both."""
 
     def __init__(self, model, dev):
-        from laya_grpc.inference.cuda_graphs import PackedForward
-        from laya_grpc.inference.packing import PackedPlan
-        self.plan = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=16384)
+        from laya_grpc.inference.cuda_graphs import PackedForward, packed_plan
+        self.plan = packed_plan(256, 512, 16384, model.encoder.embeddings.tok_embeddings.weight.dtype)
         self.pf = PackedForward(model, dev, self.plan)
         self.cache = self.pf.cache
 

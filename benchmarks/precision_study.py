@@ -97,8 +97,8 @@ def study(a, rec, torch, dev, cname: str, ckpt: str, timing: bool) -> list:
     import json
     from laya_grpc.core.decisions.temperatures import Temperatures
     from laya_grpc.inference import cuda_attention as ca
-    from laya_grpc.inference.cuda_graphs import PackedForward
-    from laya_grpc.inference.packing import PackedPlan, rows_from_padded
+    from laya_grpc.inference.cuda_graphs import PackedForward, packed_plan
+    from laya_grpc.inference.packing import rows_from_padded
     from laya_grpc.inference.precision import apply_cublas_policy
     from laya_grpc.inference.torch_model import LayaTorch
     with open(os.path.join(ckpt, "rl_agent_config.json"), encoding="utf-8") as f:
@@ -125,7 +125,6 @@ def study(a, rec, torch, dev, cname: str, ckpt: str, timing: bool) -> list:
     del cpu
     packed = [rows_from_padded(b) for b in batches]
     timed = {name: rows_from_padded(rows(L, k, vocab, seed=len(L))) for name, (L, k) in TIMED.items()}
-    plan = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=16384)
 
     models = {}
     table = []
@@ -145,6 +144,7 @@ def study(a, rec, torch, dev, cname: str, ckpt: str, timing: bool) -> list:
             torch.backends.cuda.matmul.allow_tf32 = bool(opt.get("tf32"))
             if "dot" in opt:
                 ca.dot_precision = lambda dt, _d=opt["dot"]: None if dt != torch.float32 else _d
+            plan = packed_plan(256, 512, 16384, dtype)
             pf = PackedForward(model, dev, plan)
             worst = worst_act = shift = 0.0
             for pr, (lr, ar) in zip(packed, refs):

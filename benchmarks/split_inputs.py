@@ -8,11 +8,9 @@ forward of each (one eager forward under torch.profiler), whether the two forms'
 bit for bit and their largest difference. In Triton's interpreter they are equal
 (tests/test_precision.py); compiled, lo may carry an FMA's extra bits (cuda_kernels.split_store).
 
-A is the separate `split_fp16` launch (the model's `_terms` answering 0), B the served form. With
-`--compare gemm`, A is instead the split GEMM as one cuBLAS GEMM over the stacked operands at every
-size (`split_gemm.TRITON_MAX_ROWS` 0), B the served choice (the Triton kernel up to that many rows).
-`python -m benchmarks.split_inputs --ckpt DIR --out DIR [--compare inputs|gemm]`; makes the `large`
-checkpoint in DIR when it is missing. Writes split_inputs.jsonl.
+A is the separate `split_fp16` launch (the model's `_terms` answering 0), B the served form.
+`python -m benchmarks.split_inputs --ckpt DIR --out DIR`; makes the `large` checkpoint in DIR when
+it is missing. Writes split_inputs.jsonl.
 """
 from __future__ import annotations
 
@@ -53,36 +51,28 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--iters", type=int, default=20, help="replays a round")
     p.add_argument("--rounds", type=int, default=60, help="rounds per form and shape, interleaved")
-    p.add_argument("--compare", choices=("inputs", "gemm"), default="inputs", help="what A changes (above)")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     rec = Out(os.path.join(a.out, "split_inputs.jsonl"))
     ensure_large(a.ckpt, rec)
     import torch
-    from laya_grpc.inference import split_gemm
-    from laya_grpc.inference.cuda_graphs import PackedForward
-    from laya_grpc.inference.packing import PackedPlan
+    from laya_grpc.inference.cuda_graphs import PackedForward, packed_plan
     from laya_grpc.inference.torch_model import LayaTorch
     dev = torch.device("cuda:0")
     model = LayaTorch.from_checkpoint(a.ckpt, dev, torch.float32)
     model.use_fused_kernels()   # the CUDA default for float32 weights: the exact mode
-    plan = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=16384)
-    served = (model._terms, split_gemm.TRITON_MAX_ROWS)
-    a_form = ((lambda lin, dtype: 0), served[1]) if a.compare == "inputs" else (served[0], 0)
-
-    def use(form):                  # read while a form's graphs are captured and its eager forward runs
-        model._terms, split_gemm.TRITON_MAX_ROWS = form
-
+    plan = packed_plan(256, 512, 16384, torch.float32)
+    served_terms = model._terms
     forms = {}
-    for name, form in (("A", a_form), ("B", served)):
-        use(form)
-        forms[name] = (form, PackedForward(model, dev, plan, graphs=True), PackedForward(model, dev, plan, graphs=False))
+    for name, terms in (("A", lambda lin, dtype: 0), ("B", served_terms)):
+        model._terms = terms        # read while each form's graphs are captured and its eager forward runs
+        forms[name] = (terms, PackedForward(model, dev, plan, graphs=True), PackedForward(model, dev, plan, graphs=False))
     rng = np.random.default_rng(0)
     for n, tokens, markers in SHAPES:
         rows = packed_rows(n, tokens, markers, model.spec.vocab_size, seed=n)
         outs, graphs, counts = {}, {}, {}
-        for name, (form, graphed, eager) in forms.items():
-            use(form)
+        for name, (terms, graphed, eager) in forms.items():
+            model._terms = terms
             outs[name] = graphed.forward(rows, 0)
             graphs[name] = graphed.cache.get(plan.bucket(n, len(rows.ids), markers)).graph
             with torch.inference_mode():
@@ -95,7 +85,7 @@ def main(argv=None) -> int:
                 t[name].append(replay_ms(torch, graphs[name], a.iters))
         ratios = np.array(t["A"]) / np.array(t["B"])
         boot = [float(np.median(rng.choice(ratios, len(ratios)))) for _ in range(2000)]
-        r = rec("split_inputs", compare=a.compare, rows=n, tokens=tokens, a_ms=float(np.median(t["A"])), b_ms=float(np.median(t["B"])),
+        r = rec("split_inputs", rows=n, tokens=tokens, a_ms=float(np.median(t["A"])), b_ms=float(np.median(t["B"])),
                 ratio_median=float(np.median(ratios)), ci=[float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
                 a_launches=counts["A"], b_launches=counts["B"], bit_identical=same, max_abs_diff=diff)
         print("%3d x %-4d A %.3f ms  B %.3f ms  A/B %.3f (95%% CI %.3f-%.3f)  launches %d -> %d  bit-identical %s (max diff %g)"

@@ -22,7 +22,7 @@ triton_interpreter.require()
 torch = pytest.importorskip("torch")
 
 from laya_grpc.inference import cuda_attention as ca  # noqa: E402
-from laya_grpc.inference.cuda_graphs import PackedForward  # noqa: E402
+from laya_grpc.inference.cuda_graphs import PackedForward, packed_plan  # noqa: E402
 from laya_grpc.inference.packing import PackedBucket, PackedPlan, fill, rows_from_padded  # noqa: E402
 from laya_grpc.inference.registry import synthetic_rows  # noqa: E402
 from laya_grpc.inference.runners import TorchRunner, resolve_pack_rows  # noqa: E402
@@ -110,6 +110,25 @@ def test_fill_covers_each_query_once_and_pads_safely(lengths):
         assert (v["tok_qtype"][a: a + int(rows.lengths[i])] == rows.qtypes[i]).all()
 
 
+def test_served_plan_takes_small_query_blocks_for_float32_small_buckets():
+    """The exact mode's attention (float32) takes SMALL_BLOCK_M queries a program in buckets of at most
+    SMALL_BUCKET_TOKENS tokens and BLOCK_M beyond; 16-bit attention BLOCK_M everywhere. The fill
+    writes each bucket's table for its own block (every query covered once: test above)."""
+    exact = packed_plan(256, 512, 16384, torch.float32)
+    fast = packed_plan(256, 512, 16384, torch.float16)
+    assert exact.bucket(1, 132, 3).block_m == ca.SMALL_BLOCK_M < ca.BLOCK_M
+    assert exact.bucket(1, ca.SMALL_BUCKET_TOKENS, 3).block_m == ca.SMALL_BLOCK_M
+    assert exact.bucket(2, ca.SMALL_BUCKET_TOKENS + 1, 3).block_m == ca.BLOCK_M
+    assert exact.bucket(64, 64 * 132, 3).block_m == ca.BLOCK_M
+    assert {b.block_m for b in fast.warm_buckets()} == {ca.BLOCK_M}
+    assert {b.block_m for b in exact.warm_buckets()} == {ca.SMALL_BLOCK_M, ca.BLOCK_M}
+    rows = _rows([132])
+    b = exact.bucket(rows.n, len(rows.ids), 1)
+    v = _filled(rows, b)
+    assert b.blocks == b.tokens // ca.SMALL_BLOCK_M + b.segments
+    assert list(v["blk_m0"][:9]) == list(range(0, 144, 16)) and v["blk_seg"][9] == b.segments
+
+
 def test_rows_from_padded_round_trips():
     rows = _rows([7, 20, 3], markers=2)
     back = rows_from_padded(rows.pad(0, pad_to=32))
@@ -142,11 +161,19 @@ KERNEL_CASES = [
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
+def _plan(block_m: int, **limits) -> PackedPlan:
+    """A plan whose every bucket's attention block table takes `block_m` queries an entry."""
+    limits = dict(dict(max_rows=64, max_row_tokens=512, max_batch_tokens=4096), **limits)
+    return PackedPlan(**limits, small_block_m=block_m if block_m != ca.BLOCK_M else 0, small_tokens=1 << 30)
+
+
+@pytest.mark.parametrize("block_m", [ca.BLOCK_M, ca.SMALL_BLOCK_M])
 @pytest.mark.parametrize("mode", ["full", "sliding", "full-norope"])
 @pytest.mark.parametrize("lengths,H,hd,window,dtype", KERNEL_CASES)
-def test_packed_attention_equals_each_row_alone(lengths, H, hd, window, dtype, mode):
+def test_packed_attention_equals_each_row_alone(lengths, H, hd, window, dtype, mode, block_m):
     rows = _rows(lengths)
-    b = PackedPlan(max_rows=64, max_row_tokens=512, max_batch_tokens=4096).bucket(rows.n, len(rows.ids), 1)
+    b = _plan(block_m).bucket(rows.n, len(rows.ids), 1)
+    assert b.block_m == block_m
     v = {k: torch.from_numpy(x.copy()) for k, x in _filled(rows, b).items()}
     g = torch.Generator().manual_seed(sum(lengths) + hd)
     qkv = torch.randn(b.tokens, 3 * H * hd, generator=g).to(dtype)
@@ -156,7 +183,8 @@ def test_packed_attention_equals_each_row_alone(lengths, H, hd, window, dtype, m
         cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
     out = torch.full((b.tokens, H * hd), float("nan"), dtype=dtype)
     got = ca.attention_packed(qkv, cos if rope else None, sin if rope else None, v["starts"], v["lengths"],
-                              v["blk_seg"], v["blk_m0"], H, window, sliding, hd ** -0.5, rope=rope, out=out)
+                              v["blk_seg"], v["blk_m0"], H, window, sliding, hd ** -0.5, rope=rope, out=out,
+                              block_m=block_m)
     total = len(rows.ids)
     assert got is out and torch.isfinite(got[:total]).all()
     assert torch.isnan(got[total:]).all()          # the bucket's tail belongs to no segment: never written
@@ -186,10 +214,15 @@ def test_packed_attention_never_reads_another_segment():
 
 # ------------------------------------------------------------------------------ the network
 
+@pytest.mark.parametrize("block_m", [ca.BLOCK_M, ca.SMALL_BLOCK_M])
 @pytest.mark.parametrize("preset", ["tiny", "tiny-ml"])
-def test_forward_packed_equals_reference_forward(preset, tiny_ckpt, tiny_ml_ckpt):
+def test_forward_packed_equals_reference_forward(preset, tiny_ckpt, tiny_ml_ckpt, block_m, monkeypatch):
     """Whole network, real tokenized rows (two states x two questions, one row past a key block and
-    the window): packed logits and act logits against the upstream-exact padded `forward`, fp32."""
+    the window): packed logits and act logits against the upstream-exact padded `forward`, fp32, with
+    the attention block table of either query block, which every attention launch (encoder and
+    head) takes as its BLOCK_M (a larger BLOCK_M than the table's gives the same numbers, only slower)."""
+    seen, real = [], ca.attention_packed
+    monkeypatch.setattr(ca, "attention_packed", lambda *a, **k: seen.append(k.get("block_m")) or real(*a, **k))
     path = {"tiny": tiny_ckpt, "tiny-ml": tiny_ml_ckpt}[preset]
     b = _batch(path)
     model = LayaTorch.from_checkpoint(path)
@@ -199,8 +232,9 @@ def test_forward_packed_equals_reference_forward(preset, tiny_ckpt, tiny_ml_ckpt
     model.use_fused_kernels()
     rows = rows_from_padded({k: t.numpy() for k, t in b.items()})
     assert int(rows.lengths.max()) > ca.BLOCK_N + model.spec.sliding_window
-    plan = PackedPlan(max_rows=16, max_row_tokens=512, max_batch_tokens=4096)
+    plan = _plan(block_m, max_rows=16)
     logits, act = PackedForward(model, torch.device("cpu"), plan, graphs=False).forward(rows, pad_id=0)
+    assert len(seen) == len(model.encoder.layers) + len(model.head.layers) and set(seen) == {block_m}
     K = ref_logits.shape[1]
     mask = b["marker_mask"].numpy().astype(bool)
     np.testing.assert_allclose(logits[:, :K][mask], ref_logits.numpy()[mask], atol=1e-4, rtol=1e-4)
@@ -214,7 +248,8 @@ def _packed_cpu_runner(path: str, max_batch_tokens: int) -> TorchRunner:
     runner = TorchRunner(path, "cpu", None, max_batch_tokens=max_batch_tokens)
     assert runner.packing is None                                  # auto never packs off CUDA
     runner.model.use_fused_kernels()
-    runner.packing = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=max_batch_tokens)
+    runner.packing = packed_plan(256, 512, max_batch_tokens, runner.model.encoder.embeddings.tok_embeddings.weight.dtype)
+    assert runner.packing.bucket(1, 150, 1).block_m == ca.SMALL_BLOCK_M   # float32 weights: the exact mode's plan
     runner.graphs = PackedForward(runner.model, torch.device("cpu"), runner.packing, graphs=False)
     return runner
 

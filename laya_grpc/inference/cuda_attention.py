@@ -278,6 +278,17 @@ def attention(qkv, cos, sin, lengths, B: int, L: int, heads: int, window: int, s
     return out
 
 
+# Packed buckets of at most SMALL_BUCKET_TOKENS tokens with float32 attention (the exact mode) take
+# SMALL_BLOCK_M queries a program: one short row gives 3 blocks of 64 x 16 heads, 48 programs for 132
+# multiprocessors, each running the 3xTF32 dots of its block alone. On an H200 (benchmarks/
+# exact_kernels_study.py, 1 x 132 tokens in the 160-token bucket, output in Wo's split form) a layer took
+# 14.4 us with 16 queries (4 warps) against 24.8 with 64, sliding 14.6 against 23.3; at 64 rows of 132
+# the 64-query block is the fastest (291 us against 450 full). 16-bit attention keeps 64 everywhere
+# (cuda_graphs.packed_plan).
+SMALL_BUCKET_TOKENS = 256
+SMALL_BLOCK_M = 16
+
+
 # One pipelining depth for every packed bucket: each distinct depth is one more Triton compile per
 # layer kind at a cold start (~2.5 s each on the H200, serve's start-up log), and 2 is the better one
 # for batches (64 x 160 full: 55 against 67 us a layer); one row of 512 pays ~1-2 us a layer for it.

@@ -322,6 +322,19 @@ class _Captured:
     step: object = None   # the forward the graph captures (PackedForward without graphs runs it eagerly)
 
 
+def packed_plan(max_rows: int, max_row_tokens: int, max_batch_tokens: int, dtype):
+    """The packed plan serving runs for weights of `dtype` (the packed forward's qkv dtype): float32
+    attention (the exact mode) takes cuda_attention.SMALL_BLOCK_M queries a program in buckets of at
+    most SMALL_BUCKET_TOKENS tokens, 16-bit attention BLOCK_M everywhere."""
+    import torch
+
+    from . import cuda_attention as ca
+    from .packing import PackedPlan
+    small = {"small_block_m": ca.SMALL_BLOCK_M, "small_tokens": ca.SMALL_BUCKET_TOKENS} if dtype == torch.float32 else {}
+    return PackedPlan(max_rows=max_rows, max_row_tokens=max_row_tokens, max_batch_tokens=max_batch_tokens,
+                      block_m=ca.BLOCK_M, **small)
+
+
 class PackedForward:
     """The torch model over packed rows (packing.py): rows in, (logits [n, K], act [n, n_act]) out.
 
@@ -363,7 +376,8 @@ class PackedForward:
         host_out = torch.empty(b.segments, width, dtype=torch.float32, pin_memory=pinned)
 
         def step():
-            logits, act = self.model.forward_packed(*(dv[k] for k in FIELDS), max_len=self.plan.max_row_tokens)
+            logits, act = self.model.forward_packed(*(dv[k] for k in FIELDS), max_len=self.plan.max_row_tokens,
+                                                    block_m=b.block_m)
             out[:, : b.markers].copy_(logits)
             out[:, b.markers:].copy_(act)
 

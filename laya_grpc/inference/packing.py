@@ -75,6 +75,8 @@ class PackedPlan:
     max_batch_tokens: int
     min_markers: int = 8
     block_m: int = 64
+    small_block_m: int = 0       # if set, the query block of buckets of at most small_tokens tokens
+    small_tokens: int = 0
 
     def __post_init__(self):
         if min(self.max_rows, self.max_row_tokens, self.max_batch_tokens) < 1:
@@ -111,7 +113,7 @@ class PackedPlan:
         for i in range(bisect.bisect_left(toks, tokens), len(toks)):
             if slots[i] >= rows:
                 k = 1 << (max(self.min_markers, markers, 1) - 1).bit_length()
-                return PackedBucket(toks[i], slots[i], k, self.block_m)
+                return PackedBucket(toks[i], slots[i], k, self.block_m_at(toks[i]))
         return None
 
     def bucket(self, rows: int, tokens: int, markers: int) -> PackedBucket:
@@ -124,7 +126,12 @@ class PackedPlan:
         return b
 
     def warm_buckets(self) -> list:
-        return [PackedBucket(t, s, self.min_markers, self.block_m) for t, s in zip(*self._table)]
+        return [PackedBucket(t, s, self.min_markers, self.block_m_at(t)) for t, s in zip(*self._table)]
+
+    def block_m_at(self, tokens: int) -> int:
+        """The attention block table's queries per entry in the bucket of `tokens` tokens (the attention
+        kernel's BLOCK_M there: cuda_attention.packed_query_blocks says why it may differ by size)."""
+        return self.small_block_m if self.small_block_m and tokens <= self.small_tokens else self.block_m
 
     def split(self, rows: PackedRows) -> list:
         """Contiguous row ranges, each within max_batch_tokens and one bucket (a row alone always fits:

@@ -56,9 +56,8 @@ class TorchRunner:
         max_len = int(cfg.get("max_len", 512))
         pack = resolve_pack_rows(pack_rows, graphs and self._dev.type == "cuda", self.kernels, parallel)
         if pack:
-            from .cuda_graphs import PackedForward
-            from .packing import PackedPlan
-            self.packing = PackedPlan(max_rows=max_rows, max_row_tokens=max_len, max_batch_tokens=max_batch_tokens)
+            from .cuda_graphs import PackedForward, packed_plan
+            self.packing = packed_plan(max_rows, max_len, max_batch_tokens, tdtype)
             self.graphs = PackedForward(self.model, self._dev, self.packing, graphs=graphs and self._dev.type == "cuda")
             self.max_positions = max_len
         elif graphs and self._dev.type == "cuda":
