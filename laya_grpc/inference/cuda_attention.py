@@ -43,7 +43,9 @@ a segment's tokens are `len` from `start`, its positions count from its own star
 its own tokens only, so the masks above hold per segment and no padding exists between rows. `rope`
 0 (the decision head's layers) skips the rotation: a runtime flag, not a constexpr, so the head's
 FULL layers reuse the encoder's compiled FULL variant (one Triton compile less at a cold start). Spare table entries point at an empty
-segment and end at once; the pipelining depth follows the real work (tokens / BLOCK_M x heads).
+segment and end at once. Each packed bucket's table has its own queries an entry, and its launches
+take that BLOCK_M: 16 in small buckets with float32 attention (SMALL_BLOCK_M, below), else 64, so
+the exact mode compiles two more variants.
 
 Triton imports lazily (as cuda_kernels.py); the CPU tests run this same kernel through Triton's
 interpreter (TRITON_INTERPRET=1, tests/test_cuda_attention.py).
