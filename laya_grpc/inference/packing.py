@@ -130,7 +130,7 @@ class PackedPlan:
 
     def block_m_at(self, tokens: int) -> int:
         """The attention block table's queries per entry in the bucket of `tokens` tokens (the attention
-        kernel's BLOCK_M there: cuda_attention.packed_query_blocks says why it may differ by size)."""
+        kernel's BLOCK_M there: cuda_attention.SMALL_BLOCK_M says why it may differ by size)."""
         return self.small_block_m if self.small_block_m and tokens <= self.small_tokens else self.block_m
 
     def split(self, rows: PackedRows) -> list:
