@@ -214,8 +214,7 @@ def test_packed_attention_never_reads_another_segment():
 
 # ------------------------------------------------------------------------------ the network
 
-@pytest.mark.parametrize("block_m", [ca.BLOCK_M, ca.SMALL_BLOCK_M])
-@pytest.mark.parametrize("preset", ["tiny", "tiny-ml"])
+@pytest.mark.parametrize("preset,block_m", [("tiny", ca.BLOCK_M), ("tiny-ml", ca.BLOCK_M), ("tiny", ca.SMALL_BLOCK_M)])
 def test_forward_packed_equals_reference_forward(preset, tiny_ckpt, tiny_ml_ckpt, block_m, monkeypatch):
     """Whole network, real tokenized rows (two states x two questions, one row past a key block and
     the window): packed logits and act logits against the upstream-exact padded `forward`, fp32, with
