@@ -118,23 +118,23 @@ def gemm_study(torch) -> dict:
 
 
 def attention_study(torch) -> None:
+    from benchmarks.attention_check import _rope_table
     from laya_grpc.inference import cuda_attention as ca
+    from laya_grpc.inference.packing import PackedPlan, fill
+    from laya_grpc.inference.registry import synthetic_rows
     g = torch.Generator(device="cuda").manual_seed(1)
-    cos, sin = (t.half() for t in _tables(torch))
-    for rows, length, bucket in ((1, 132, 160), (64, 132, 9216)):
-        total = rows * length
-        qkv = torch.randn(bucket, 3 * HEADS * HD, device="cuda", generator=g)
-        slots = max(4, 1 << (max(4, bucket // 32) - 1).bit_length()) if rows == 1 else 64
-        starts = torch.tensor([i * length for i in range(rows)] + [0] * (slots - rows + 1), dtype=torch.int32, device="cuda")
-        lengths = torch.tensor([length] * rows + [0] * (slots - rows + 1), dtype=torch.int32, device="cuda")
-        assert total <= bucket
+    cos, sin = _rope_table(512, HD, torch.float16)
+    for rows, length in ((1, 132), (64, 132)):
+        batch = synthetic_rows(rows, length, 1, 1000)
         for bm, warps, stages in ATTENTION_CONFIGS:
-            nb = -(-length // bm)
-            blocks = bucket // bm + slots
-            seg = [i for i in range(rows) for _ in range(nb)] + [slots] * (blocks - rows * nb)
-            m0 = [j * bm for _ in range(rows) for j in range(nb)] + [0] * (blocks - rows * nb)
-            blk_seg = torch.tensor(seg, dtype=torch.int32, device="cuda")
-            blk_m0 = torch.tensor(m0, dtype=torch.int32, device="cuda")
+            # the served plan's bucket and block table, every bucket at this query block
+            plan = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=16384, block_m=bm)
+            b = plan.bucket(rows, rows * length, 1)
+            flat = torch.zeros(sum(b.sizes().values()), dtype=torch.int32)
+            fill(b.views(flat.numpy()), batch, b, 0)
+            v = {k: t.to("cuda") for k, t in b.views(flat).items()}
+            starts, lengths, blk_seg, blk_m0 = v["starts"], v["lengths"], v["blk_seg"], v["blk_m0"]
+            qkv = torch.randn(b.tokens, 3 * HEADS * HD, device="cuda", generator=g)
             for sliding in (False, True):
                 def fn():
                     return ca.attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, HEADS, WINDOW,
@@ -149,13 +149,6 @@ def attention_study(torch) -> None:
                     continue
                 print("attention %3dx%d %-7s bm%-2d w%d s%d %8.2f us" % (rows, length, kind, bm, warps, stages, us),
                       flush=True)
-
-
-def _tables(torch):
-    inv = 1.0 / (160000.0 ** (torch.arange(0, HD, 2, device="cuda").float() / HD))
-    f = torch.arange(512, device="cuda").float()[:, None] * inv[None, :]
-    emb = torch.cat((f, f), -1)
-    return emb.cos(), emb.sin()
 
 
 def main(argv=None) -> int:

@@ -248,7 +248,8 @@ class LayaTorch(nn.Module):
         return sp.terms if sp is not None and dtype == torch.float32 else 0
 
     def _gemm(self, lin, x, out_dtype=None, split: bool = False):
-        """lin(x) on the fused path: float32-accurate where split (precision.py), else in the weights'
+        """x lin.weight^T on the fused path, without lin's bias (the kernel after the GEMM adds it; the
+        encoder's linears have none): float32-accurate where split (precision.py), else in the weights'
         dtype, with a float32 result when `out_dtype` asks for it (no rounding before the residual add).
         `split`: x is already in split form (its kernel wrote it so, `_terms`)."""
         sp = self._split.get(id(lin))
@@ -259,7 +260,7 @@ class LayaTorch(nn.Module):
         if out_dtype is not None and out_dtype != x.dtype:
             from .split_gemm import mm_fp32_out
             return mm_fp32_out(x, lin.weight)
-        return lin(x)
+        return F.linear(x, lin.weight)
 
     def encode(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
         """ModernBertModel(...).last_hidden_state."""
@@ -372,7 +373,7 @@ class LayaTorch(nn.Module):
         return y
 
     def forward_packed(self, ids, tok_qtype, starts, lengths, blk_seg, blk_m0, marker_pos, marker_mask,
-                       max_len: int, block_m: int = 64):
+                       max_len: int, block_m: int):
         """`forward` over packed rows (inference/packing.py): rows laid end to end in one token
         stream, each a segment that attends only within itself, positions from its own start.
 
@@ -437,13 +438,14 @@ class LayaTorch(nn.Module):
             else:   # y came split from the norm before unless _terms says otherwise
                 qkv = sp.on_split(y) if self._terms(sa, hdt) else sp(y)
             terms = self._terms(sa.out_proj, hdt)
-            o = self._head_gemm(sa.out_proj, attend(qkv, terms), terms)
+            o = self._gemm(sa.out_proj, attend(qkv, terms), torch.float32, split=terms > 0)
             terms = self._terms(layer.linear1, hdt)
             h, y = ck.add_layer_norm(h, o, layer.norm2.weight, layer.norm2.eps, bias=layer.norm2.bias,
                                      o_bias=sa.out_proj.bias, split=terms)
-            u = self._head_gemm(layer.linear1, y, terms)
+            u = self._gemm(layer.linear1, y, torch.float32, split=terms > 0)
             terms = self._terms(layer.linear2, hdt)
-            o = self._head_gemm(layer.linear2, ck.bias_relu(u, layer.linear1.bias, hdt, split=terms), terms)
+            o = self._gemm(layer.linear2, ck.bias_relu(u, layer.linear1.bias, hdt, split=terms), torch.float32,
+                           split=terms > 0)
             if i + 1 < len(layers):
                 nxt = layers[i + 1]
                 h, y = ck.add_layer_norm(h, o, nxt.norm1.weight, nxt.norm1.eps, bias=nxt.norm1.bias,
@@ -451,16 +453,6 @@ class LayaTorch(nn.Module):
             else:
                 h = ck.add_bias(h, o, layer.linear2.bias)
         return h
-
-    def _head_gemm(self, lin, x, terms: int) -> torch.Tensor:
-        """x lin.weight^T in float32, without the bias (the kernel after it adds that): split where
-        `use_fused_kernels` split lin (`terms`: x already is in split form), else one GEMM in the
-        weights' dtype with a float32 result."""
-        from .split_gemm import mm_fp32_out
-        sp = self._split.get(id(lin))
-        if sp is not None:
-            return sp.on_split(x) if terms else sp(x)
-        return mm_fp32_out(x, lin.weight)
 
     def _head_layer(self, layer: _HeadLayer, h: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         """One pre-norm nn.TransformerEncoderLayer step, on the kernel upstream's call reaches.
