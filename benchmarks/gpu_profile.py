@@ -73,9 +73,13 @@ def _padded_steps(torch, model, batch, s):
 def _packed_steps(torch, model, batch, s):
     """The packed forward, what serving runs: the batch split as the served plan splits it (16,384
     tokens a forward), each part one packed bucket; replay_ms sums the parts' graph replays."""
-    from laya_grpc.inference.cuda_graphs import PackedForward, packed_plan
-    from laya_grpc.inference.packing import rows_from_padded
-    plan = packed_plan(256, 512, 16384, model.encoder.embeddings.tok_embeddings.weight.dtype)
+    from laya_grpc.inference.cuda_graphs import PackedForward
+    from laya_grpc.inference.packing import PackedPlan, rows_from_padded
+    try:
+        from laya_grpc.inference.cuda_graphs import packed_plan
+        plan = packed_plan(256, 512, 16384, model.encoder.embeddings.tok_embeddings.weight.dtype)
+    except ImportError:   # an A tree (device_run.sh A_DIR) from before per-bucket query blocks: its served plan
+        plan = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=16384)
     pf = PackedForward(model, torch.device("cuda:0"), plan)
     steps, buckets, replay = [], [], 0.0
     packed = rows_from_padded(batch)
