@@ -13,9 +13,9 @@ the packed buckets one short row to a 256-row forward lands in.
               block (tile BMxBNxBK, warps, stages)
    Each form's float32 result is compared with x W^T in float64; microseconds per call (20 calls in
    one CUDA graph, median of 15 replays), and per layer (the four linears) per form.
-2. Packed attention in float32 (the exact mode: 3xTF32 dots, output in Wo's split form), one row of 132
-   tokens in the 160-token bucket's block table and 64 rows of 132, FULL and SLIDING, per query block
-   BLOCK_M, warps and pipeline stages.
+2. Packed attention in float32 (the exact mode: 3xTF32 dots, output in Wo's split form), by default one
+   row of 132 tokens in the 160-token bucket's block table and 64 rows of 132 (`--attention-shapes`),
+   FULL and SLIDING, per query block BLOCK_M, warps and pipeline stages.
 """
 from __future__ import annotations
 
@@ -117,14 +117,14 @@ def gemm_study(torch) -> dict:
     return per_layer
 
 
-def attention_study(torch) -> None:
+def attention_study(torch, shapes) -> None:
     from benchmarks.attention_check import _rope_table
     from laya_grpc.inference import cuda_attention as ca
     from laya_grpc.inference.packing import PackedPlan, fill
     from laya_grpc.inference.registry import synthetic_rows
     g = torch.Generator(device="cuda").manual_seed(1)
     cos, sin = _rope_table(512, HD, torch.float16)
-    for rows, length in ((1, 132), (64, 132)):
+    for rows, length in shapes:
         batch = synthetic_rows(rows, length, 1, 1000)
         for bm, warps, stages in ATTENTION_CONFIGS:
             # the served plan's bucket and block table, every bucket at this query block
@@ -155,6 +155,8 @@ def main(argv=None) -> int:
     import torch
     p = argparse.ArgumentParser(prog="python3 -m benchmarks.exact_kernels_study")
     p.add_argument("--studies", default="gemm,attention")
+    p.add_argument("--attention-shapes", default="1x132,64x132",
+                   help="the attention study's batches, rows x tokens a row, comma-separated")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("exact_kernels_study: no CUDA device")
@@ -162,7 +164,7 @@ def main(argv=None) -> int:
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     if "attention" in a.studies:
         try:
-            attention_study(torch)
+            attention_study(torch, [tuple(int(v) for v in s.split("x")) for s in a.attention_shapes.split(",")])
         except Exception:  # noqa: BLE001
             traceback.print_exc()
     if "gemm" in a.studies:
