@@ -201,3 +201,13 @@ def test_the_docs_list_every_setting():
     begin, end = "<!-- settings:begin (laya-grpc config --markdown) -->\n", "<!-- settings:end -->"
     table = doc.split(begin, 1)[1].split(end, 1)[0]
     assert table.strip() == config_cmd.markdown().strip(), "regenerate with: laya-grpc config --markdown"
+
+
+def test_serve_starts_the_inference_replicas_first(tmp_path):
+    # the supervisor spawns the children in this order, one after another; the inference replicas'
+    # start (torch, the device, the checkpoint, the warm-up) is the one serve's ready waits for
+    a = resolve(ServeSettings, ["--tokenizer-workers", "3", "--gateway-workers", "2", "--inference-replicas", "2",
+                                "--checkpoint", "english=/x"], {})
+    names = [c.name for c in child_argvs(a, str(tmp_path))]
+    assert names == ["inference-0", "inference-1", "tokenizer-0", "tokenizer-1", "tokenizer-2",
+                     "gateway-0", "gateway-1"]

@@ -64,11 +64,12 @@ def child_argvs(args: argparse.Namespace, run_dir: str, env: dict | None = None)
     devices = inference_devices(args.device, args.inference_replicas)
     names = ["inference"] if len(devices) == 1 else ["inference-%d" % k for k in range(len(devices))]
     infs = ["unix:" + os.path.join(run_dir, n + ".sock") for n in names]
-    children = [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t]
-                      + local_ipc(run_dir, "tokenizer-%d" % i)[0], env, stop_stage=1) for i, t in enumerate(toks)]
-    for name, inf, device in zip(names, infs, devices):
-        children.append(Child(name, me + ["inference", "--listen", inf, "--device", device]
-                              + local_ipc(run_dir, name)[0], env, stop_stage=1))
+    # the inference replicas start first: theirs is the longest start (torch, the device, the checkpoint,
+    # the warm-up), and the supervisor spawns the children one after another
+    children = [Child(name, me + ["inference", "--listen", inf, "--device", device] + local_ipc(run_dir, name)[0],
+                      env, stop_stage=1) for name, inf, device in zip(names, infs, devices)]
+    children += [Child("tokenizer-%d" % i, me + ["tokenizer", "--listen", t]
+                       + local_ipc(run_dir, "tokenizer-%d" % i)[0], env, stop_stage=1) for i, t in enumerate(toks)]
     inf_addrs = [local_ipc(run_dir, n)[1] for n in names]
     tok_addrs = [local_ipc(run_dir, "tokenizer-%d" % i)[1] for i in range(len(toks))]
     gw = me + ["gateway"]
