@@ -211,6 +211,22 @@ def _heaviest_files_first(items) -> None:
     items.sort(key=lambda item: (key[item.nodeid.split("::", 1)[0]], first[item.nodeid.split("::", 1)[0]]))
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Remove what the processes tests started left in the system's temporary directory (tests/stack.py:
+    about a hundred run directories and logs a suite run) when this session (an xdist worker's own, under
+    -n) had no failure."""
+    import shutil
+
+    import stack
+    if session.testsfailed:
+        return
+    for path in stack.CREATED:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
 def pytest_configure(config):
     # xdist's loadfile scheduling sorts files by their number of tests unless told not to, which
     # would send the 2-test drain file last; the order above is the one wanted

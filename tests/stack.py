@@ -14,6 +14,24 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# The run directories and logs of the processes tests start, in the system's temporary directory (a
+# short path: their unix sockets live there). tests/conftest.py removes them when the session passes;
+# a session with a failure keeps them, the logs of what failed.
+CREATED: list = []
+
+
+def temp_dir(prefix: str) -> str:
+    path = tempfile.mkdtemp(prefix=prefix)
+    CREATED.append(path)
+    return path
+
+
+def temp_file(prefix: str, suffix: str) -> tuple:
+    """(fd, path) as tempfile.mkstemp."""
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=suffix)
+    CREATED.append(path)
+    return fd, path
+
 
 def _ephemeral_low() -> int:
     try:
@@ -87,7 +105,7 @@ class Stack:
         self.http_port, self.grpc_port = free_port(), free_port()
         self.http = "http://127.0.0.1:%d" % self.http_port
         self.grpc = "127.0.0.1:%d" % self.grpc_port
-        self.run_dir = tempfile.mkdtemp(prefix="laya-test-")
+        self.run_dir = temp_dir("laya-test-")
         self.log_path = os.path.join(self.run_dir, "serve.log")
         self.proc = None
 

@@ -6,11 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
-from stack import ROOT, free_port
+from stack import ROOT, free_port, temp_file
 
 ME = [sys.executable, "-m", "laya_grpc.cli"]
 
@@ -25,7 +24,7 @@ class Proc:
     """One service process; its stderr goes to a file (read with .log())."""
 
     def __init__(self, argv: list, env: dict):
-        fd, self.log_path = tempfile.mkstemp(prefix="laya-test-", suffix=".log")
+        fd, self.log_path = temp_file("laya-test-", ".log")
         with os.fdopen(fd, "wb") as f:
             self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
 

@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -24,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from laya_grpc.client import LayaClient
 from laya_grpc.core.errors import Kind, LayaError
-from stack import ROOT, Stack, free_port, free_ports
+from stack import ROOT, Stack, free_port, free_ports, temp_dir
 
 ME = [sys.executable, "-m", "laya_grpc.cli"]
 QUESTIONS = [
@@ -42,7 +41,7 @@ class Procs:
     """Service processes with their logs in a temp dir; all stopped at the end."""
 
     def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="laya-replicas-")
+        self.dir = temp_dir("laya-replicas-")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LAYA_")}
         self.procs: dict = {}
 
