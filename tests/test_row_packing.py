@@ -163,8 +163,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 def _plan(block_m: int, **limits) -> PackedPlan:
     """A plan whose every bucket's attention block table takes `block_m` queries an entry."""
-    limits = dict(dict(max_rows=64, max_row_tokens=512, max_batch_tokens=4096), **limits)
-    return PackedPlan(**limits, small_block_m=block_m if block_m != ca.BLOCK_M else 0, small_tokens=1 << 30)
+    return PackedPlan(**dict(dict(max_rows=64, max_row_tokens=512, max_batch_tokens=4096), **limits), block_m=block_m)
 
 
 @pytest.mark.parametrize("block_m", [ca.BLOCK_M, ca.SMALL_BLOCK_M])
