@@ -110,23 +110,34 @@ def test_fill_covers_each_query_once_and_pads_safely(lengths):
         assert (v["tok_qtype"][a: a + int(rows.lengths[i])] == rows.qtypes[i]).all()
 
 
-def test_served_plan_takes_small_query_blocks_for_float32_small_buckets():
-    """The exact mode's attention (float32) takes SMALL_BLOCK_M queries a program in buckets of at most
-    SMALL_BUCKET_TOKENS tokens and BLOCK_M beyond; 16-bit attention BLOCK_M everywhere. The fill
-    writes each bucket's table for its own block (every query covered once: test above)."""
+def test_served_plan_takes_the_exact_query_blocks_for_float32_small_and_mid_buckets():
+    """The exact mode's attention (float32) takes 16 queries a program in buckets of at most 256 tokens,
+    32 up to 2,048 and BLOCK_M beyond (cuda_attention.EXACT_QUERY_BLOCKS); 16-bit attention BLOCK_M
+    everywhere. The fill writes each bucket's table for its own block (every query covered once: test
+    above)."""
+    assert ca.EXACT_QUERY_BLOCKS == ((256, 16), (2048, 32)) and ca.BLOCK_M == 64
     exact = packed_plan(256, 512, 16384, torch.float32)
     fast = packed_plan(256, 512, 16384, torch.float16)
-    assert exact.bucket(1, 132, 3).block_m == ca.SMALL_BLOCK_M < ca.BLOCK_M
-    assert exact.bucket(1, ca.SMALL_BUCKET_TOKENS, 3).block_m == ca.SMALL_BLOCK_M
-    assert exact.bucket(2, ca.SMALL_BUCKET_TOKENS + 1, 3).block_m == ca.BLOCK_M
-    assert exact.bucket(64, 64 * 132, 3).block_m == ca.BLOCK_M
-    assert {b.block_m for b in fast.warm_buckets()} == {ca.BLOCK_M}
-    assert {b.block_m for b in exact.warm_buckets()} == {ca.SMALL_BLOCK_M, ca.BLOCK_M}
-    rows = _rows([132])
-    b = exact.bucket(rows.n, len(rows.ids), 1)
-    v = _filled(rows, b)
-    assert b.blocks == b.tokens // ca.SMALL_BLOCK_M + b.segments
-    assert list(v["blk_m0"][:9]) == list(range(0, 144, 16)) and v["blk_seg"][9] == b.segments
+    assert exact.bucket(1, 132, 3).block_m == 16
+    assert exact.bucket(1, 256, 3).block_m == 16
+    assert exact.bucket(2, 257, 3).block_m == 32          # the 320-token bucket
+    assert exact.bucket(1, 512, 3).block_m == 32
+    assert exact.bucket(12, 12 * 132, 3).block_m == 32    # 1,584 tokens: the 1,792-token bucket
+    assert exact.bucket(16, 2048, 3).block_m == 32
+    assert exact.bucket(16, 2049, 3).block_m == 64        # the 2,560-token bucket
+    assert exact.bucket(64, 64 * 132, 3).block_m == 64
+    assert {b.block_m for b in fast.warm_buckets()} == {64}
+    assert {b.block_m for b in exact.warm_buckets()} == {16, 32, 64}
+    for lengths, block_m in (([132], 16), ([300, 200], 32)):
+        rows = _rows(lengths)
+        b = exact.bucket(rows.n, len(rows.ids), 1)
+        v = _filled(rows, b)
+        assert b.block_m == block_m and b.blocks == b.tokens // block_m + b.segments
+        first = -(-lengths[0] // block_m)    # the first segment's entries, then the second's from its start
+        assert list(v["blk_m0"][:first]) == list(range(0, first * block_m, block_m))
+        assert (v["blk_seg"][:first] == 0).all()
+        if len(lengths) > 1:
+            assert v["blk_m0"][first] == 0 and v["blk_seg"][first] == 1
 
 
 def test_rows_from_padded_round_trips():
@@ -166,7 +177,10 @@ def _plan(block_m: int, **limits) -> PackedPlan:
     return PackedPlan(**dict(dict(max_rows=64, max_row_tokens=512, max_batch_tokens=4096), **limits), block_m=block_m)
 
 
-@pytest.mark.parametrize("block_m", [ca.BLOCK_M, ca.SMALL_BLOCK_M])
+QUERY_BLOCKS = sorted({ca.BLOCK_M} | {m for _, m in ca.EXACT_QUERY_BLOCKS})   # every BLOCK_M a served plan takes
+
+
+@pytest.mark.parametrize("block_m", QUERY_BLOCKS)
 @pytest.mark.parametrize("mode", ["full", "sliding", "full-norope"])
 @pytest.mark.parametrize("lengths,H,hd,window,dtype", KERNEL_CASES)
 def test_packed_attention_equals_each_row_alone(lengths, H, hd, window, dtype, mode, block_m):
@@ -213,7 +227,8 @@ def test_packed_attention_never_reads_another_segment():
 
 # ------------------------------------------------------------------------------ the network
 
-@pytest.mark.parametrize("preset,block_m", [("tiny", ca.BLOCK_M), ("tiny-ml", ca.BLOCK_M), ("tiny", ca.SMALL_BLOCK_M)])
+@pytest.mark.parametrize("preset,block_m", [("tiny", ca.BLOCK_M), ("tiny-ml", ca.BLOCK_M)] +
+                         [("tiny", m) for _, m in ca.EXACT_QUERY_BLOCKS])
 def test_forward_packed_equals_reference_forward(preset, tiny_ckpt, tiny_ml_ckpt, block_m, monkeypatch):
     """Whole network, real tokenized rows (two states x two questions, one row past a key block and
     the window): packed logits and act logits against the upstream-exact padded `forward`, fp32, with
@@ -247,7 +262,7 @@ def _packed_cpu_runner(path: str, max_batch_tokens: int) -> TorchRunner:
     assert runner.packing is None                                  # auto never packs off CUDA
     runner.model.use_fused_kernels()
     runner.packing = packed_plan(256, 512, max_batch_tokens, runner.model.encoder.embeddings.tok_embeddings.weight.dtype)
-    assert runner.packing.bucket(1, 150, 1).block_m == ca.SMALL_BLOCK_M   # float32 weights: the exact mode's plan
+    assert runner.packing.bucket(1, 150, 1).block_m == 16   # float32 weights: the exact mode's plan
     runner.graphs = PackedForward(runner.model, torch.device("cpu"), runner.packing, graphs=False)
     return runner
 

@@ -44,8 +44,8 @@ its own tokens only, so the masks above hold per segment and no padding exists b
 0 (the decision head's layers) skips the rotation: a runtime flag, not a constexpr, so the head's
 FULL layers reuse the encoder's compiled FULL variant (one Triton compile less at a cold start). Spare table entries point at an empty
 segment and end at once. Each packed bucket's table has its own queries an entry, and its launches
-take that BLOCK_M: 16 in small buckets with float32 attention (SMALL_BLOCK_M, below), else 64, so
-the exact mode compiles two more variants.
+take that BLOCK_M: 16 or 32 in small and mid-size buckets with float32 attention (EXACT_QUERY_BLOCKS,
+below), else 64, so the exact mode compiles four more variants.
 
 Triton imports lazily (as cuda_kernels.py); the CPU tests run this same kernel through Triton's
 interpreter (TRITON_INTERPRET=1, tests/test_cuda_attention.py).
@@ -280,15 +280,15 @@ def attention(qkv, cos, sin, lengths, B: int, L: int, heads: int, window: int, s
     return out
 
 
-# Packed buckets of at most SMALL_BUCKET_TOKENS tokens with float32 attention (the exact mode) take
-# SMALL_BLOCK_M queries a program: one short row gives 3 blocks of 64 x 16 heads, 48 programs for 132
-# multiprocessors, each running the 3xTF32 dots of its block alone. On an H200 (benchmarks/
-# exact_kernels_study.py, 1 x 132 tokens in the 160-token bucket, output in Wo's split form) a layer took
-# 14.4 us with 16 queries (4 warps) against 24.8 with 64, sliding 14.6 against 23.3; at 64 rows of 132
-# the 64-query block is the fastest (291 us against 450 full). 16-bit attention keeps 64 everywhere
-# (cuda_graphs.packed_plan).
-SMALL_BUCKET_TOKENS = 256
-SMALL_BLOCK_M = 16
+# The exact mode's (float32 attention's) query block per packed bucket size: (most tokens, BLOCK_M), in
+# order; larger buckets take BLOCK_M. One short row in the 160-token bucket gives 3 blocks of 64 x 16
+# heads, 48 programs for 132 multiprocessors, each running the 3xTF32 dots of its block alone: 16 queries
+# a program took 14.4 us a layer against 24.8 with 64 (H200, benchmarks/exact_kernels_study.py). Up to
+# 2,048 tokens 32 queries (4 warps) are the fastest: a layer of 1 x 512 tokens 44 against 62 us full and
+# 23 against 28 sliding, 6 x 132 36 against 44 (H100, 2026-12-07-5c14a40), and the model 1.13x faster
+# at 1 x 512, 1.06x at 6 x 132 (benchmarks/query_block_plans.py). From 16 rows of 132 on 64 is as fast
+# or faster (64 x 132: 1.5% faster than 32). 16-bit attention keeps 64 everywhere (cuda_graphs.packed_plan).
+EXACT_QUERY_BLOCKS = ((256, 16), (2048, 32))
 
 
 # One pipelining depth for every packed bucket: each distinct depth is one more Triton compile per

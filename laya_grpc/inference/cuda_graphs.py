@@ -324,15 +324,14 @@ class _Captured:
 
 def packed_plan(max_rows: int, max_row_tokens: int, max_batch_tokens: int, dtype):
     """The packed plan serving runs for weights of `dtype` (the packed forward's qkv dtype): float32
-    attention (the exact mode) takes cuda_attention.SMALL_BLOCK_M queries a program in buckets of at
-    most SMALL_BUCKET_TOKENS tokens, 16-bit attention BLOCK_M everywhere."""
+    attention (the exact mode) takes the query blocks of cuda_attention.EXACT_QUERY_BLOCKS in small and
+    mid-size buckets, 16-bit attention BLOCK_M everywhere."""
     import torch
 
     from . import cuda_attention as ca
     from .packing import PackedPlan
-    small = {"small_block_m": ca.SMALL_BLOCK_M, "small_tokens": ca.SMALL_BUCKET_TOKENS} if dtype == torch.float32 else {}
     return PackedPlan(max_rows=max_rows, max_row_tokens=max_row_tokens, max_batch_tokens=max_batch_tokens,
-                      block_m=ca.BLOCK_M, **small)
+                      block_m=ca.BLOCK_M, query_blocks=ca.EXACT_QUERY_BLOCKS if dtype == torch.float32 else ())
 
 
 class PackedForward:

@@ -75,8 +75,7 @@ class PackedPlan:
     max_batch_tokens: int
     min_markers: int = 8
     block_m: int = 64
-    small_block_m: int = 0       # if set, the query block of buckets of at most small_tokens tokens
-    small_tokens: int = 0
+    query_blocks: tuple = ()     # (most tokens, query block) in order: the block of buckets up to that size
 
     def __post_init__(self):
         if min(self.max_rows, self.max_row_tokens, self.max_batch_tokens) < 1:
@@ -130,8 +129,11 @@ class PackedPlan:
 
     def block_m_at(self, tokens: int) -> int:
         """The attention block table's queries per entry in the bucket of `tokens` tokens (the attention
-        kernel's BLOCK_M there: cuda_attention.SMALL_BLOCK_M says why it may differ by size)."""
-        return self.small_block_m if self.small_block_m and tokens <= self.small_tokens else self.block_m
+        kernel's BLOCK_M there: cuda_attention.EXACT_QUERY_BLOCKS says why it may differ by size)."""
+        for most, block_m in self.query_blocks:
+            if tokens <= most:
+                return block_m
+        return self.block_m
 
     def split(self, rows: PackedRows) -> list:
         """Contiguous row ranges, each within max_batch_tokens and one bucket (a row alone always fits:
