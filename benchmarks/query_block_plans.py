@@ -34,6 +34,7 @@ PLANS = {   # name: PackedPlan's query-block fields (None: the served plan, cuda
     "16-all": {"block_m": 16},
     "32-above-256": {"block_m": 32, "query_blocks": ((256, 16),)},
     "32-to-4096": {"block_m": 64, "query_blocks": ((256, 16), (4096, 32))},
+    "32-to-2048": {"block_m": 64, "query_blocks": ((2048, 32),)},   # no 16-query variants: 2 compiles fewer
 }
 
 
