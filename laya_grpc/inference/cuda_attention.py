@@ -286,8 +286,9 @@ def attention(qkv, cos, sin, lengths, B: int, L: int, heads: int, window: int, s
 # a program took 14.4 us a layer against 24.8 with 64 (H200, benchmarks/exact_kernels_study.py). Up to
 # 2,048 tokens 32 queries (4 warps) are the fastest: a layer of 1 x 512 tokens 44 against 62 us full and
 # 23 against 28 sliding, 6 x 132 36 against 44 (H100, 2026-12-07-5c14a40), and the model 1.13x faster
-# at 1 x 512, 1.06x at 6 x 132 (benchmarks/query_block_plans.py). From 16 rows of 132 on 64 is as fast
-# or faster (64 x 132: 1.5% faster than 32). 16-bit attention keeps 64 everywhere (cuda_graphs.packed_plan).
+# at 1 x 512, 1.06x at 6 x 132 (benchmarks/query_block_plans.py). From 16 rows of 132 on the two are
+# within 2.5% a layer and equal in the model, and at 64 x 132 the model is 1.5% faster with 64. 16-bit
+# attention keeps 64 everywhere (cuda_graphs.packed_plan).
 EXACT_QUERY_BLOCKS = ((256, 16), (2048, 32))
 
 
