@@ -187,6 +187,9 @@ def start_cuda_context(requested: str, backend: str) -> Optional[threading.Threa
     index = cuda_index(requested, backend)
     if index is None or not _torch_has_cuda():
         return None
+    # torch sets this before its own cuInit, and the driver reads it once, at cuInit; set here, on the
+    # main thread (setenv beside another thread's getenv is unsafe in C)
+    flags.external_default("CUDA_MODULE_LOADING", "LAZY")
     t = threading.Thread(target=_retain_primary_context, args=(index,), name="cuda-context", daemon=True)
     t.start()
     return t
@@ -207,8 +210,6 @@ def _retain_primary_context(index: int) -> int:
     """cuInit, then retain device `index`'s primary context (the one torch's runtime uses). Returns
     the driver's status (0: success); any failure leaves everything to torch, as without this step."""
     import ctypes
-    import os
-    os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")   # what torch sets before its own cuInit
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
