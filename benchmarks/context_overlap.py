@@ -1,14 +1,20 @@
-"""The CUDA context made while torch imports (`devices.start_cuda_context`) against after it.
+"""An experiment for the inference process's start: the CUDA driver and the device's context made on
+a thread while torch imports, against the service's order (after the import).
 
-An inference process on a GPU host imports torch, picks the device (`torch.cuda.is_available()`
-starts the driver) and makes the device's context and a cuBLAS handle (`devices.init_device`), one
-after another. The service starts the driver and the primary context on a thread first, so they
-overlap the import. This benchmark runs that sequence in fresh processes, `after` (no thread) and
-`overlap` (the service's way) in turn, and prints per phase and in all: seconds from the
-interpreter's start to a usable device, and the parent's wall time per process.
+Why it might pay: on a GPU host the inference process imports torch (2.6-3.3 s on the H100 hosts
+measured), then `torch.cuda.is_available()` starts the driver and `devices.init_device` makes the
+context and a cuBLAS handle, one after another: 0.42 s with 0.19 s before the context itself in one
+H100 start (docs/performance.md, Start-up). Driver calls through ctypes release the GIL, so a thread
+that calls cuInit and retains the device's primary context (the one torch's runtime uses) could
+overlap the import, and torch's own initialisation would then find that context active.
 
-`python -m benchmarks.context_overlap [--rounds 8] [--device auto] [--out DIR]`; needs a CUDA host
-(elsewhere the thread does nothing and both ways measure the same).
+The service does not do this; the experiment is here until a GPU run shows what it gives. Both ways
+run the service's sequence (import torch, `devices.pick_device`, `devices.init_device`) in fresh
+processes, in turn, and the table gives per phase and in all the seconds from the interpreter's
+start to a usable device, and the parent's wall time per process.
+
+`python -m benchmarks.context_overlap [--rounds 8] [--device auto] [--out DIR]`. Needs a CUDA host and
+a CUDA build of torch; elsewhere the thread has nothing to start and both ways measure the same.
 """
 from __future__ import annotations
 
@@ -18,16 +24,39 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 WAYS = ("after", "overlap")
 
 
+def start_context(index: int) -> threading.Thread:
+    """cuInit, then retain device `index`'s primary context, on a daemon thread. CUDA_MODULE_LOADING is
+    set first, on this thread (torch sets it before its own cuInit, and the driver reads it there)."""
+    os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
+
+    def retain() -> None:
+        import ctypes
+        try:
+            cuda = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        status = cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), index) \
+            or cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+        if status:
+            print("early context: driver status %d" % status, file=sys.stderr, flush=True)
+
+    t = threading.Thread(target=retain, name="cuda-context", daemon=True)
+    t.start()
+    return t
+
+
 def child(way: str, device: str) -> dict:
     t0 = time.perf_counter()
-    from laya_grpc.inference import devices
     if way == "overlap":
-        devices.start_cuda_context(device, "torch")
+        start_context(int(device.split(":")[1]) if device.startswith("cuda:") else 0)
+    from laya_grpc.inference import devices
     t_mod = time.perf_counter()
     import torch
     t_torch = time.perf_counter()
@@ -53,7 +82,7 @@ def run_child(way: str, device: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=8, help="processes per way, the ways in turn")
-    ap.add_argument("--device", default="auto")
+    ap.add_argument("--device", default="auto", help="auto or cuda:N (auto: device 0)")
     ap.add_argument("--out", default=None, help="folder for context_overlap.jsonl")
     ap.add_argument("--child", choices=WAYS, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -72,8 +101,8 @@ def main(argv=None) -> int:
         with open(os.path.join(a.out, "context_overlap.jsonl"), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in recs)
     cols = ("import_torch_s", "pick_s", "context_s", "to_device_s", "wall_s")
-    print("device %s, torch %s; median (min-max) of %d processes a way, seconds" % (recs[0]["device"], recs[0]["torch"],
-                                                                                  a.rounds))
+    print("device %s, torch %s; median (min-max) of %d processes a way, seconds"
+          % (recs[0]["device"], recs[0]["torch"], a.rounds))
     print("| way | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     med = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -158,64 +157,3 @@ def init_device(device: str, backend: str) -> float:
         a = torch.ones(8, 8, device=dev, dtype=torch.float16)
         (a @ a).sum().item()   # context, allocator and a cuBLAS handle
     return time.perf_counter() - t0
-
-
-def cuda_index(requested: str, backend: str) -> Optional[int]:
-    """The CUDA ordinal `pick_device` would choose when CUDA is there, or None where the request
-    cannot mean CUDA (another backend, cpu, mps, an unknown name)."""
-    requested = (requested or "auto").strip().lower()
-    if backend != "torch":
-        return None
-    if requested in ("auto", "gpu", "cuda"):
-        return 0
-    if requested.startswith("cuda:") and requested[5:].isdigit():
-        return int(requested[5:])
-    return None
-
-
-def start_cuda_context(requested: str, backend: str) -> Optional[threading.Thread]:
-    """Start the CUDA driver and the device's primary context on a thread, while torch imports.
-
-    Why: on a GPU host the inference process spends ~3 s importing torch, then ~0.2 s in the driver's
-    start (cuInit, inside `torch.cuda.is_available()`) and ~0.3 s creating the device's context, one
-    after another. The driver calls release the GIL (ctypes), so on a thread they overlap the import
-    instead; torch's own initialisation later finds the primary context active and retains it too.
-
-    Only a hint: it decides nothing. `pick_device` still picks (and reports) the device, and where the
-    driver, the device or a CUDA build of torch is missing the thread does nothing at all, so no
-    context is made on a GPU this process will not use. Returns the thread (tests join it), or None."""
-    index = cuda_index(requested, backend)
-    if index is None or not _torch_has_cuda():
-        return None
-    # torch sets this before its own cuInit, and the driver reads it once, at cuInit; set here, on the
-    # main thread (setenv beside another thread's getenv is unsafe in C)
-    flags.external_default("CUDA_MODULE_LOADING", "LAZY")
-    t = threading.Thread(target=_retain_primary_context, args=(index,), name="cuda-context", daemon=True)
-    t.start()
-    return t
-
-
-def _torch_has_cuda() -> bool:
-    """Whether the installed torch is a CUDA build, read from its files (importing it is what the
-    thread overlaps)."""
-    import importlib.util
-    import os
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    return any(os.path.exists(os.path.join(d, "lib", "libtorch_cuda.so")) for d in spec.submodule_search_locations)
-
-
-def _retain_primary_context(index: int) -> int:
-    """cuInit, then retain device `index`'s primary context (the one torch's runtime uses). Returns
-    the driver's status (0: success); any failure leaves everything to torch, as without this step."""
-    import ctypes
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return -1
-    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-    status = cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), index) \
-        or cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-    log.debug("early CUDA context for device %d: driver status %d", index, status)
-    return status

@@ -29,7 +29,7 @@ from .batcher import Batcher
 from .faults import FAULTS
 from .outcomes import ForwardHealth
 from .registry import Registry, shape_forward
-from .devices import init_device, pick_device, start_cuda_context
+from .devices import init_device, pick_device
 from .settings import InferenceSettings
 
 log = logging.getLogger("laya_grpc.inference")
@@ -282,7 +282,6 @@ def run(args: argparse.Namespace) -> int:
     settings = args.settings
     setup_observability("inference", settings)
     kernel_cache.use(settings.kernel_cache_dir)   # before torch loads, let alone compiles a kernel
-    start_cuda_context(settings.device_choice()[0], settings.backend)   # overlaps torch's import (devices.py)
     try:
         settings.checkpoints
     except LayaError as e:
