@@ -15,7 +15,8 @@ the packed buckets one short row to a 256-row forward lands in.
    one CUDA graph, median of 15 replays), and per layer (the four linears) per form.
 2. Packed attention in float32 (the exact mode: 3xTF32 dots, output in Wo's split form), by default one
    row of 132 tokens in the 160-token bucket's block table and 64 rows of 132 (`--attention-shapes`),
-   FULL and SLIDING, per query block BLOCK_M, warps and pipeline stages.
+   FULL and SLIDING, per query block BLOCK_M, keys a step BLOCK_N, warps and pipeline stages
+   (`--attention-configs`).
 """
 from __future__ import annotations
 
@@ -32,8 +33,12 @@ LINEARS = (("Wqkv", D, 3 * D), ("Wo", D, D), ("Wi", D, 2 * INTER), ("Wo2", INTER
 TOKENS = (160, 512, 2048, 16384)
 TRITON_CONFIGS = ((32, 64, 64, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
                   (128, 256, 64, 8, 3))   # BM, BN, BK, warps, stages
-ATTENTION_CONFIGS = ((64, 4, 2), (64, 4, 3), (32, 2, 2), (32, 4, 2), (32, 4, 3), (16, 2, 2),
-                     (16, 4, 2))   # BLOCK_M, warps, stages; (64, 4, 2) is the served one
+# BLOCK_M, BLOCK_N, warps, stages. The served ones take 64 keys a step (cuda_attention.BLOCK_N) at 16, 32
+# or 64 queries with 4 warps and 2 stages. A short row of 132 tokens is 3 key blocks of 64 (69% of the
+# last one padding) or 5 of 32 (18%), so 32 keys a step do less padded work there.
+ATTENTION_CONFIGS = ((64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 2, 2), (32, 64, 4, 2), (32, 64, 4, 3),
+                     (16, 64, 2, 2), (16, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (16, 32, 4, 2),
+                     (16, 32, 2, 2))
 
 
 @functools.lru_cache(maxsize=1)
@@ -117,7 +122,7 @@ def gemm_study(torch) -> dict:
     return per_layer
 
 
-def attention_study(torch, shapes) -> None:
+def attention_study(torch, shapes, configs=ATTENTION_CONFIGS) -> None:
     from benchmarks.attention_check import _rope_table
     from laya_grpc.inference import cuda_attention as ca
     from laya_grpc.inference.packing import PackedPlan, fill
@@ -126,7 +131,7 @@ def attention_study(torch, shapes) -> None:
     cos, sin = _rope_table(512, HD, torch.float16)
     for rows, length in shapes:
         batch = synthetic_rows(rows, length, 1, 1000)
-        for bm, warps, stages in ATTENTION_CONFIGS:
+        for bm, bn, warps, stages in configs:
             # the served plan's bucket and block table, every bucket at this query block
             plan = PackedPlan(max_rows=256, max_row_tokens=512, max_batch_tokens=16384, block_m=bm)
             b = plan.bucket(rows, rows * length, 1)
@@ -139,16 +144,16 @@ def attention_study(torch, shapes) -> None:
                 def fn():
                     return ca.attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, HEADS, WINDOW,
                                                sliding, HD ** -0.5, split=2, num_warps=warps,
-                                               num_stages=stages, block_m=bm)
+                                               num_stages=stages, block_m=bm, block_n=bn)
                 kind = "sliding" if sliding else "full"
                 try:
                     us = graph_time(torch, fn)
                 except Exception as e:  # noqa: BLE001
-                    print("attention %dx%d %s bm%d w%d s%d ERROR %s: %s" % (rows, length, kind, bm, warps, stages,
-                                                                          type(e).__name__, str(e)[:200]), flush=True)
+                    print("attention %dx%d %s bm%d bn%d w%d s%d ERROR %s: %s" % (
+                        rows, length, kind, bm, bn, warps, stages, type(e).__name__, str(e)[:200]), flush=True)
                     continue
-                print("attention %3dx%d %-7s bm%-2d w%d s%d %8.2f us" % (rows, length, kind, bm, warps, stages, us),
-                      flush=True)
+                print("attention %3dx%d %-7s bm%-2d bn%-2d w%d s%d %8.2f us" % (rows, length, kind, bm, bn, warps,
+                                                                              stages, us), flush=True)
 
 
 def main(argv=None) -> int:
@@ -157,14 +162,20 @@ def main(argv=None) -> int:
     p.add_argument("--studies", default="gemm,attention")
     p.add_argument("--attention-shapes", default="1x132,64x132",
                    help="the attention study's batches, rows x tokens a row, comma-separated")
+    p.add_argument("--attention-configs", default=None,
+                   help="the attention study's launches, BLOCK_M:BLOCK_N:warps:stages, comma-separated "
+                        "(default: %s)" % ",".join(":".join(map(str, c)) for c in ATTENTION_CONFIGS))
     a = p.parse_args(argv)
+    configs = ATTENTION_CONFIGS if not a.attention_configs else \
+        [tuple(int(v) for v in c.split(":")) for c in a.attention_configs.split(",")]
     if not torch.cuda.is_available():
         print("exact_kernels_study: no CUDA device")
         return 1
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     if "attention" in a.studies:
         try:
-            attention_study(torch, [tuple(int(v) for v in s.split("x")) for s in a.attention_shapes.split(",")])
+            attention_study(torch, [tuple(int(v) for v in s.split("x")) for s in a.attention_shapes.split(",")],
+                            configs)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
     if "gemm" in a.studies:

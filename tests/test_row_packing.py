@@ -180,10 +180,15 @@ def _plan(block_m: int, **limits) -> PackedPlan:
 QUERY_BLOCKS = sorted({ca.BLOCK_M} | {m for _, m in ca.EXACT_QUERY_BLOCKS})   # every BLOCK_M a served plan takes
 
 
-@pytest.mark.parametrize("block_m", QUERY_BLOCKS)
+# every served BLOCK_M at the served key block; 32 keys a step (an alternative that
+# benchmarks/exact_kernels_study.py measures) at the smallest and the largest
+QUERY_KEY_BLOCKS = [(m, ca.BLOCK_N) for m in QUERY_BLOCKS] + [(QUERY_BLOCKS[0], 32), (QUERY_BLOCKS[-1], 32)]
+
+
+@pytest.mark.parametrize("block_m,block_n", QUERY_KEY_BLOCKS)
 @pytest.mark.parametrize("mode", ["full", "sliding", "full-norope"])
 @pytest.mark.parametrize("lengths,H,hd,window,dtype", KERNEL_CASES)
-def test_packed_attention_equals_each_row_alone(lengths, H, hd, window, dtype, mode, block_m):
+def test_packed_attention_equals_each_row_alone(lengths, H, hd, window, dtype, mode, block_m, block_n):
     rows = _rows(lengths)
     b = _plan(block_m).bucket(rows.n, len(rows.ids), 1)
     assert b.block_m == block_m
@@ -197,7 +202,7 @@ def test_packed_attention_equals_each_row_alone(lengths, H, hd, window, dtype, m
     out = torch.full((b.tokens, H * hd), float("nan"), dtype=dtype)
     got = ca.attention_packed(qkv, cos if rope else None, sin if rope else None, v["starts"], v["lengths"],
                               v["blk_seg"], v["blk_m0"], H, window, sliding, hd ** -0.5, rope=rope, out=out,
-                              block_m=block_m)
+                              block_m=block_m, block_n=block_n)
     total = len(rows.ids)
     assert got is out and torch.isfinite(got[:total]).all()
     assert torch.isnan(got[total:]).all()          # the bucket's tail belongs to no segment: never written
@@ -206,6 +211,30 @@ def test_packed_attention_equals_each_row_alone(lengths, H, hd, window, dtype, m
         ref = _reference(qkv[a: a + n].contiguous(), cos, sin, torch.tensor([n], dtype=torch.int32), 1, n, H,
                          window, sliding, hd ** -0.5)
         torch.testing.assert_close(got[a: a + n].float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_packed_attention_steps_over_keys_in_blocks_of_block_n():
+    """SLIDING: a query block's first key block starts at its band's start rounded down to block_n,
+    and a key there outside every band still has its value read (weight 0, and 0 x NaN is NaN). Queries
+    64-79 with a window of 8 start at key 56: block 0 with 64 keys a step, block 32 with 32. A NaN value
+    at key 20 reaches those queries with 64 keys a step and not with 32, so block_n reaches the kernel."""
+    rows = _rows([130])
+    b = _plan(16).bucket(rows.n, len(rows.ids), 1)
+    v = {k: torch.from_numpy(x.copy()) for k, x in _filled(rows, b).items()}
+    H, hd = 1, 16
+    qkv = torch.randn(b.tokens, 3 * H * hd, generator=torch.Generator().manual_seed(4))
+    cos, sin = torch.randn(136, hd), torch.randn(136, hd)
+    args = (cos, sin, v["starts"], v["lengths"], v["blk_seg"], v["blk_m0"], H, 8, True, 0.25)
+    poisoned = qkv.clone()
+    poisoned[20, 2 * H * hd:] = float("nan")  # the value of key 20, outside the band of queries 29 on
+    clean = ca.attention_packed(qkv, *args, block_m=16, block_n=32)
+    got32 = ca.attention_packed(poisoned, *args, block_m=16, block_n=32)
+    got64 = ca.attention_packed(poisoned, *args, block_m=16, block_n=64)
+    assert torch.isnan(got64[64:80]).all()
+    torch.testing.assert_close(got32[64:80], clean[64:80], rtol=0, atol=0)
+    # queries 96 on start at key 88, in block 64 either way: untouched at 64 keys a step too
+    clean64 = ca.attention_packed(qkv, *args, block_m=16, block_n=64)
+    torch.testing.assert_close(got64[96:130], clean64[96:130], rtol=0, atol=0)
 
 
 def test_packed_attention_never_reads_another_segment():

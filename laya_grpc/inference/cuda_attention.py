@@ -300,7 +300,7 @@ PACKED_STAGES = 2
 
 def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int, window: int, sliding: bool,
                      scale: float, rope: bool = True, out=None, num_warps: int = 4, num_stages: int | None = None,
-                     split: int = 0, block_m: int = BLOCK_M):
+                     split: int = 0, block_m: int = BLOCK_M, block_n: int = BLOCK_N):
     """One layer's attention over packed rows (segments of one flat token stream), [N, H*hd].
 
     Each segment attends only within itself (block-diagonal), its positions counted from its own
@@ -310,7 +310,8 @@ def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int
     entries pointing at a segment of length 0. Tokens in no segment (the bucket's tail) get no
     output: their rows of `out` are left as they were. rope=False skips the rotation (the decision
     head's layers, which use no positions; cos/sin are then ignored). `split`: as `attention`'s;
-    block_m: the table's queries per entry (`packing.PackedPlan.block_m`)."""
+    block_m: the table's queries per entry (`packing.PackedPlan.block_m`); block_n: keys a step, for
+    measurements (benchmarks/exact_kernels_study.py), served at BLOCK_N."""
     triton, kernel = _kernel()
     n, width = qkv.shape
     hd = width // (3 * heads)
@@ -326,7 +327,7 @@ def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int
     stages = num_stages or PACKED_STAGES
     kernel[grid](qkv, cos, sin, lengths, starts, blk_seg, blk_m0, out, 0, int(window) if sliding else 0,
                  float(scale) * _LOG2E, int(bool(rope)),
-                 H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+                 H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=block_m, BLOCK_N=block_n,
                  SLIDING=bool(sliding), PREC=dot_precision(qkv.dtype),
                  FOR_LOOP=not _interpreted(), VARLEN=True, SPLIT=split,
                  num_warps=num_warps, num_stages=stages)
