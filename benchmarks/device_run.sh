@@ -10,6 +10,9 @@
 #          filled Triton cache (benchmarks/startup_phases.py; DTYPE=float32, the served default)
 #   model  model time per encoder mode, warm-set capture, parity (benchmarks/model_speed.py, large preset;
 #          MODEL_DTYPE=float16, or float32 with MODES=packed,fused)
+#   engine  our engine alone at its defaults (`laya-grpc bench --stages engine`, short soak): one request's
+#          model and end-to-end time per input, predict_batch of 64 and 256 states; with A_DIR, the tree there
+#          first (its own bench), into $OUT/engine-a, this tree into $OUT/engine-b
 #   bench  the side-by-side suite: upstream eager, our engine, gRPC, HTTP (`laya-grpc bench`);
 #          STAGES=...,replicas adds serve --inference-replicas N on the one GPU for N in REPLICAS (default 1,2),
 #          at 8 and 64 HTTP clients: decisions/s and p95 side by side
@@ -69,6 +72,27 @@ case ",$PHASES," in *,model,*)
   timeout ${MODEL_TIMEOUT:-300} python3 -m benchmarks.model_speed --ckpt /tmp/lb/large --out $OUT \
     --iters ${ITERS:-200} --parity-rows ${PARITY_ROWS:-48} --modes ${MODES:-packed,fused,reference} --dtype ${MODEL_DTYPE:-float16} ${WARM_SET:+--warm-set} 2>&1 \
     | grep -v '^{' ;;
+esac
+case ",$PHASES," in *,engine,*)
+  EA="--work-dir /tmp/lb --stages engine --soak ${SOAK:-300} --idle-gaps 0.2 --concurrency 1"
+  if [ -n "${A_DIR:-}" ]; then
+    (cd $A_DIR && PYTHONPATH=/tmp/site:$PWD:$PWD/protos/gen timeout ${ENGINE_TIMEOUT:-240} python3 -m laya_grpc.cli bench \
+      --out $OUT/engine-a $EA >$OUT/engine-a.log 2>&1) || echo "engine stage of $A_DIR failed: $OUT/engine-a.log"
+  fi
+  timeout ${ENGINE_TIMEOUT:-240} python3 -m laya_grpc.cli bench --out $OUT/engine-b $EA >$OUT/engine-b.log 2>&1 \
+    || echo "engine stage failed: $OUT/engine-b.log"
+  for s in a b; do [ -f $OUT/engine-$s/results.jsonl ] && python3 -c "
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r['kind'] == 'latency':
+        print(sys.argv[2], r['input'], '%d rows x %d tokens' % (r['rows'], r['tokens']), 'end to end p50 %.3f ms' % r['e2e']['p50_ms'],
+              'model p50 %.3f ms' % r['model']['p50_ms'])
+    elif r['kind'] == 'batch':
+        print(sys.argv[2], 'predict_batch', r['states'], 'states: %.0f decisions/s' % r['decisions_per_s'])
+    elif r['kind'] == 'startup':
+        print(sys.argv[2], r['device'], r['dtype'])
+" $OUT/engine-$s/results.jsonl $s; done ;;
 esac
 case ",$PHASES," in *,bench,*)
   timeout ${BENCH_TIMEOUT:-480} python3 -m laya_grpc.cli bench --out $OUT --work-dir /tmp/lb --stages ${STAGES:-engine,upstream,service} --replicas ${REPLICAS:-1,2} 2>&1 | grep -v '"kind": "latency"' | tail -60
