@@ -1,8 +1,8 @@
 """An experiment for the inference process's start: the CUDA driver and the device's context made on
 a thread while torch imports, against the service's order (after the import).
 
-Why it might pay: on a GPU host the inference process imports torch (2.6-3.3 s on the H100 hosts
-measured), then `torch.cuda.is_available()` starts the driver and `devices.init_device` makes the
+Why it might pay: on a GPU host the inference process imports torch (2.95-3.26 s alone on the H100
+host of `2026-12-07-5c14a40`), then `torch.cuda.is_available()` starts the driver and `devices.init_device` makes the
 context and a cuBLAS handle, one after another: 0.42 s with 0.19 s before the context itself in one
 H100 start (docs/performance.md, Start-up). Driver calls through ctypes release the GIL, so a thread
 that calls cuInit and retains the device's primary context (the one torch's runtime uses) could
