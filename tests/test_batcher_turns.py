@@ -1,8 +1,9 @@
 """The inference batcher's turns, on its own device thread with a stand-in runner whose forward
 takes a known time per token: once long forwards showed the speed, queued rows merge only up to
 about one turn (two large requests' chunks no longer make one forward twice as long, and a small
-request still rides along with a chunk), and a batch split into several forwards stops between
-them once every request in it is cancelled.
+request still rides along with a chunk), a forward's fixed cost (one its rows do not change) does
+not cut a large request finer, and a batch split into several forwards stops between them once
+every request in it is cancelled.
 
 Where a test asserts what the batcher learned from the forwards' speed, the batcher reads a clock
 that only the stand-in forwards advance (`FakeClock`): a real sleep overshoots by whatever the
@@ -44,17 +45,18 @@ def clock(monkeypatch) -> FakeClock:
 
 
 class TimedRunner:
-    """Takes as long as a forward of its padded cost would at MS_PER_TOKEN (sleeping, or advancing
-    `clock` by exactly that); records each forward."""
+    """Takes as long as a forward of its padded cost would at MS_PER_TOKEN, plus `fixed_ms` a
+    forward (sleeping, or advancing `clock` by exactly that); records each forward."""
     packing = None
 
-    def __init__(self, clock: FakeClock | None = None) -> None:
+    def __init__(self, clock: FakeClock | None = None, fixed_ms: float = 0.0) -> None:
         self.forwards: list[int] = []   # rows per forward
         self.clock = clock
+        self.fixed_ms = fixed_ms
 
     def run_rows(self, rows, pad_id, pad_to):
         self.forwards.append(rows.n)
-        seconds = rows.n * pad_to * MS_PER_TOKEN / 1e3
+        seconds = (self.fixed_ms + rows.n * pad_to * MS_PER_TOKEN) / 1e3
         if self.clock is None:
             time.sleep(seconds)
         else:
@@ -116,6 +118,33 @@ def test_short_forwards_never_cap_merging(clock):
 
     asyncio.run(main())
     assert fast.forwards == [6], fast.forwards
+
+
+def test_a_forwards_fixed_cost_does_not_cut_rows_finer(clock):
+    """A device whose every forward also costs a fixed time of two turns, whatever its rows (a
+    loaded CPU host: thread wake-ups and the scheduler's delays): a large request still runs in
+    parts of about a turn of work each (12 rows of 100 tokens), not one row a forward. Read as
+    work, the fixed cost made each smaller part look slower per token, which cut the next part
+    smaller still, down to a row a forward: 56 rows took 53 forwards, each paying the fixed cost
+    (and, with a fault delay a forward, a drain's in-flight requests outlasted its grace)."""
+    runner = TimedRunner(clock, fixed_ms=2 * TURN_MS)
+
+    async def main():
+        b = Batcher(lambda name: runner, lambda name: 0, length_multiple=1)
+        b.start()
+        try:
+            await b.submit("m", rows_of([100] * 8))   # 140 ms: long, the speed is learned from it
+            await turn_learned(b)
+            runner.forwards.clear()
+            await b.submit("m", rows_of([100] * 56))
+        finally:
+            b.stop()
+
+    asyncio.run(main())
+    # the first part follows the one forward seen (all of its time read as work: 3 rows); once a
+    # second size has shown what the rows themselves cost, about a turn of their work a forward
+    assert sum(runner.forwards) == 56 and len(runner.forwards) <= 7, runner.forwards
+    assert all(10 <= n <= 12 for n in runner.forwards[1:-1]), runner.forwards
 
 
 def test_cancelled_batch_stops_between_its_forwards():

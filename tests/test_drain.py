@@ -9,6 +9,11 @@ comes at least 2 x FORWARD_S - 1.5 s after the signal; `_check` asserts that it 
 How many forward passes they take beyond that depends on when each reaches the batcher (a slow or
 shared CPU spreads them out), so the drain grace (GRACE_S) is a generous bound: a drain ends when its
 work ends, not at the grace.
+
+In the standalone test every forward also costs FIXED_S inside its timing, whatever its rows, as a
+loaded host's forwards do: read as work, that cost would have the batcher cut the batches finer and
+finer, down to a forward per row, and with FORWARD_S a forward most of them would still be running
+at the grace.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from stack import Stack
 import standalone as sa
 
 FORWARD_S = 4.0
+FIXED_S = 0.1   # two of the batcher's turns (inference/turns.py)
 GRACE_S = 120.0
 QUESTIONS = {"urgent": {"type": "noul", "instructions": "Is it urgent?"},
              "intent": {"type": "choice", "instructions": "What?", "criteria": ["refund", "info"]}}
@@ -120,7 +126,7 @@ def test_sigterm_of_a_standalone_gateway_finishes_http_and_grpc_batches(tiny_ckp
     tok, inf, http, grpc_port = sa.free_ports(4)
     procs = [sa.tokenizer(tiny_ckpt, tok),
              sa.inference(tiny_ckpt, "127.0.0.1:%d" % inf,
-                          env=sa.base_env(LAYA_TEST_FAULTS="forward_delay_s=%s" % FORWARD_S))]
+                          env=sa.base_env(LAYA_TEST_FAULTS="forward_delay_s=%s,forward_fixed_s=%s" % (FORWARD_S, FIXED_S)))]
     gw = sa.gateway(tiny_ckpt, http, grpc_port, "127.0.0.1:%d" % tok, "127.0.0.1:%d" % inf,
                     "--drain-grace-seconds", str(GRACE_S), env=sa.base_env(LAYA_LOG_FORMAT="json"))
     procs.append(gw)

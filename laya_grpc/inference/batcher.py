@@ -10,7 +10,8 @@ a shape that was not captured during warmup.
 
 Fairness (turns, inference/turns.py): a forward never holds more than the token budget, and once a
 checkpoint's forwards have been seen to take long (at least half a turn), no more than about one
-turn of work at the speed those forwards showed. A request larger than that runs one part per
+turn of work at the speed those forwards showed (beyond a forward's fixed cost, which no cut
+saves: DeviceSpeed). A request larger than that runs one part per
 forward: its first rows, then the rest goes back to the end of the queue, behind the requests
 that arrived meanwhile. So a small request arriving behind any number of large ones waits about
 one turn, and the rows of a request whose client went away (it is dropped from the queue when
@@ -119,7 +120,7 @@ class Batcher:
         self._inline = False        # an inline turn is scheduled or running (the device thread waits)
         self._idle_since = 0.0      # perf_counter when the last forward ended
         self._thread = threading.Thread(target=self._loop, name="laya-device", daemon=True)
-        self._speed = DeviceSpeed()   # ms per cost token, per checkpoint, from long forwards only
+        self._speed = DeviceSpeed()   # a forward's fixed ms and ms per cost token, from long forwards only
 
     def start(self) -> None:
         self._thread.start()
@@ -181,8 +182,9 @@ class Batcher:
         return getattr(runner, "batch_cost", lambda rows, longest, total: rows * longest)
 
     def turn_cost(self, checkpoint: str) -> int | None:
-        """The cost (tokens as the runner runs them) of about one turn's forward, once long
-        forwards of this checkpoint showed its speed; None before."""
+        """The cost (tokens as the runner runs them) of about one turn's work beyond a forward's
+        fixed cost, once long forwards of this checkpoint showed its speed; None before, and while
+        they show no time growing with their work."""
         cost = self._speed.units_in(checkpoint, TURN_MS)
         return None if cost is None else max(1, int(cost))
 
