@@ -1,14 +1,15 @@
-"""The exact mode's model time per attention query-block plan: which BLOCK_M each packed bucket should take.
+"""The exact mode's model time per attention block plan: which BLOCK_M and BLOCK_N each packed bucket should take.
 
-The packed attention kernel runs one program per BLOCK_M queries of one (row, head); the plan picks
-BLOCK_M per bucket (packing.PackedPlan: `query_blocks`, the block of buckets up to a size, and
-`block_m` beyond). Each candidate plan below builds its own PackedForward over the same float32
+The packed attention kernel runs one program per BLOCK_M queries of one (row, head), over the keys
+BLOCK_N at a time; the plan picks both per bucket (packing.PackedPlan: `query_blocks`, the blocks of
+buckets up to a size, and `block_m`, `block_n` beyond). `keys-64` is the served table with 64 keys a
+step everywhere, `keys-32-from-257` with 32 keys from 257 tokens on. Each candidate plan below builds its own PackedForward over the same float32
 model, captures the buckets the shapes land in, and times their graph replays; the plans take turns
 shape by shape, round after round, so drift on the host touches all of them alike. Model time per
 shape: median over rounds of the mean of ITERS replays (ms), each plan's ratio to the served plan,
 and max |logit - served plan's logit| (expected ~1e-6: only which queries share a program changes).
 
-    python3 -m benchmarks.query_block_plans --ckpt /tmp/lb/large [--rounds 5] [--plans served,16-1024,...]
+    python3 -m benchmarks.query_block_plans --ckpt /tmp/lb/large [--rounds 5] [--plans served,keys-64,...]
 
 On a machine without CUDA (`--device cpu`, tiny checkpoints, Triton's interpreter) it runs every
 plan eagerly once, for the arithmetic and the figures' format, not for time.
@@ -25,16 +26,18 @@ import numpy as np
 
 SHAPES = ((1, 132, 3), (1, 256, 3), (1, 512, 5), (3, 400, 4), (6, 132, 4), (12, 132, 4), (16, 132, 4),
           (32, 132, 4), (64, 132, 3))   # rows, tokens a row, markers
-PLANS = {   # name: PackedPlan's query-block fields (None: the served plan, cuda_graphs.packed_plan)
+PLANS = {   # name: PackedPlan's block fields (None: the served plan, cuda_graphs.packed_plan)
     "served": None,
-    "16-256": {"block_m": 64, "query_blocks": ((256, 16),)},
-    "16-512": {"block_m": 64, "query_blocks": ((512, 16),)},
-    "16-1024": {"block_m": 64, "query_blocks": ((1024, 16),)},
-    "16-4096": {"block_m": 64, "query_blocks": ((4096, 16),)},
+    "keys-64": {"block_m": 64, "block_n": 64, "query_blocks": ((256, 16, 64), (2048, 32, 64))},
+    "keys-32-from-257": {"block_m": 64, "block_n": 32, "query_blocks": ((256, 16, 64), (2048, 32, 32))},
+    "16-256": {"block_m": 64, "query_blocks": ((256, 16, 64),)},
+    "16-512": {"block_m": 64, "query_blocks": ((512, 16, 64),)},
+    "16-1024": {"block_m": 64, "query_blocks": ((1024, 16, 64),)},
+    "16-4096": {"block_m": 64, "query_blocks": ((4096, 16, 64),)},
     "16-all": {"block_m": 16},
-    "32-above-256": {"block_m": 32, "query_blocks": ((256, 16),)},
-    "32-to-4096": {"block_m": 64, "query_blocks": ((256, 16), (4096, 32))},
-    "32-to-2048": {"block_m": 64, "query_blocks": ((2048, 32),)},   # no 16-query variants: 2 compiles fewer
+    "32-above-256": {"block_m": 32, "query_blocks": ((256, 16, 64),)},
+    "32-to-4096": {"block_m": 64, "query_blocks": ((256, 16, 64), (4096, 32, 64))},
+    "32-to-2048": {"block_m": 64, "query_blocks": ((2048, 32, 64),)},   # no 16-query variants: 2 compiles fewer
 }
 
 
@@ -50,7 +53,7 @@ def build_plan(name: str, dtype, max_rows: int = 256, max_row_tokens: int = 512,
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m benchmarks.query_block_plans", description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", required=True, help="a float32-served checkpoint directory (made as `large` if missing)")
-    p.add_argument("--plans", default="served,16-256,32-to-4096",
+    p.add_argument("--plans", default="served,keys-64",
                    help="comma-separated, served among them, from: " + ", ".join(PLANS))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=50, help="graph replays per timing")
@@ -108,24 +111,24 @@ def main(argv=None) -> int:
             entries, lg = parts(n, s)
             ref = lg if ref is None else ref
             diffs[(n, s)] = float(np.nanmax(np.abs(lg - ref))) if lg.size else 0.0
-            blocks[(n, s)] = sorted({b.block_m for b, _ in entries})
+            blocks[(n, s)] = sorted({"%d/%d" % (b.block_m, b.block_n) for b, _ in entries})
     print("captured in %.1f s" % (time.perf_counter() - t0), flush=True)
     for r in range(a.rounds if cuda else 0):
         for s in shapes:
             for n in (plans if r % 2 == 0 else plans[::-1]):
                 entries, _ = parts(n, s)
                 times[(n, s)].append(sum(replay_ms(torch, e.graph, a.iters) for _, e in entries))
-    lines = ["| rows x tokens | " + " | ".join("%s ms (BLOCK_M)" % n for n in plans) + " | " +
+    lines = ["| rows x tokens | " + " | ".join("%s ms (BLOCK_M/N)" % n for n in plans) + " | " +
              " | ".join("served/%s" % n for n in plans[1:]) + " | max abs logit diff |",
              "|---|" + "---|" * (2 * len(plans))]
     for s in shapes:
         med = {n: statistics.median(times[(n, s)]) if times[(n, s)] else float("nan") for n in plans}
         lines.append("| %d x %d | " % s[:2] + " | ".join(
-            "%.3f (%s)" % (med[n], "/".join(map(str, blocks[(n, s)]))) for n in plans) + " | " +
+            "%.3f (%s)" % (med[n], ", ".join(blocks[(n, s)])) for n in plans) + " | " +
             " | ".join("%.3f" % (med["served"] / med[n]) for n in plans[1:]) + " | %.1e |"
             % max(diffs[(n, s)] for n in plans))
         print(json.dumps({"kind": "query_block_plans", "rows": s[0], "tokens": s[1], "median_ms": med,
-                          "runs_ms": {n: times[(n, s)] for n in plans}, "block_m": {n: blocks[(n, s)] for n in plans},
+                          "runs_ms": {n: times[(n, s)] for n in plans}, "blocks": {n: blocks[(n, s)] for n in plans},
                           "max_abs_diff": {n: diffs[(n, s)] for n in plans}}), flush=True)
     print("\n".join(lines), flush=True)
     for pf in forwards.values():

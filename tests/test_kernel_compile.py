@@ -51,12 +51,15 @@ for t, s in (("fp16", 0), ("fp32", 0), ("fp32", 2), ("fp32", 3)):
     if s:
         compile_("split_fp16 terms %d" % s, split, {"x_ptr": "*fp32", "out_ptr": "*fp16", "n_rows": "i32", "k": "i32"},
                  {"BLOCK": 1024, "TERMS": s})
-    for varlen in (False, True):
-        compile_("attention %s split %d varlen %s" % (t, s, varlen), attn,
+    # packed float32 attention with a split output (the exact mode) at each block its plan serves
+    blocks = ({(m, n) for _, m, n in ca.EXACT_BLOCKS} | {ca.EXACT_LARGE_BLOCKS} if (t, s) == ("fp32", 2)
+              else {(ca.BLOCK_M, ca.BLOCK_N)})
+    for varlen, (bm, bn) in [(False, (ca.BLOCK_M, ca.BLOCK_N))] + [(True, b) for b in sorted(blocks)]:
+        compile_("attention %s split %d varlen %s blocks %d/%d" % (t, s, varlen, bm, bn), attn,
                  {"qkv_ptr": "*" + t, "cos_ptr": "*" + t, "sin_ptr": "*" + t, "len_ptr": "*i32", "start_ptr": "*i32",
                   "blk_seg_ptr": "*i32", "blk_m0_ptr": "*i32", "out_ptr": out, "L": "i32", "window": "i32",
                   "qk_scale": "fp32", "rope": "i32"},
-                 {"H": 16, "HD": 64, "BLOCK_D": 64, "BLOCK_M": 64, "BLOCK_N": 64, "SLIDING": True,
+                 {"H": 16, "HD": 64, "BLOCK_D": 64, "BLOCK_M": bm, "BLOCK_N": bn, "SLIDING": True,
                   "PREC": "tf32x3" if t == "fp32" else None, "FOR_LOOP": True, "VARLEN": varlen, "SPLIT": s})
 print("all variants compiled")
 '''

@@ -110,24 +110,28 @@ def test_fill_covers_each_query_once_and_pads_safely(lengths):
         assert (v["tok_qtype"][a: a + int(rows.lengths[i])] == rows.qtypes[i]).all()
 
 
-def test_served_plan_takes_the_exact_query_blocks_for_float32_small_and_mid_buckets():
-    """The exact mode's attention (float32) takes 16 queries a program in buckets of at most 256 tokens,
-    32 up to 2,048 and BLOCK_M beyond (cuda_attention.EXACT_QUERY_BLOCKS); 16-bit attention BLOCK_M
-    everywhere. The fill writes each bucket's table for its own block (every query covered once: test
-    above)."""
-    assert ca.EXACT_QUERY_BLOCKS == ((256, 16), (2048, 32)) and ca.BLOCK_M == 64
+def test_served_plan_takes_the_exact_blocks_for_float32_buckets_by_size():
+    """The exact mode's attention (float32) takes 16 queries a program at 64 keys a step in buckets of
+    at most 256 tokens, 32 queries at 64 keys up to 2,048, and 64 queries at 32 keys beyond
+    (cuda_attention.EXACT_BLOCKS, EXACT_LARGE_BLOCKS); 16-bit attention BLOCK_M and BLOCK_N everywhere.
+    The fill writes each bucket's table for its own block (every query covered once: test above)."""
+    assert ca.EXACT_BLOCKS == ((256, 16, 64), (2048, 32, 64)) and ca.EXACT_LARGE_BLOCKS == (64, 32)
+    assert (ca.BLOCK_M, ca.BLOCK_N) == (64, 64)
     exact = packed_plan(256, 512, 16384, torch.float32)
     fast = packed_plan(256, 512, 16384, torch.float16)
-    assert exact.bucket(1, 132, 3).block_m == 16
-    assert exact.bucket(1, 256, 3).block_m == 16
-    assert exact.bucket(2, 257, 3).block_m == 32          # the 320-token bucket
-    assert exact.bucket(1, 512, 3).block_m == 32
-    assert exact.bucket(12, 12 * 132, 3).block_m == 32    # 1,584 tokens: the 1,792-token bucket
-    assert exact.bucket(16, 2048, 3).block_m == 32
-    assert exact.bucket(16, 2049, 3).block_m == 64        # the 2,560-token bucket
-    assert exact.bucket(64, 64 * 132, 3).block_m == 64
-    assert {b.block_m for b in fast.warm_buckets()} == {64}
-    assert {b.block_m for b in exact.warm_buckets()} == {16, 32, 64}
+
+    def blocks(b):
+        return b.block_m, b.block_n
+    assert blocks(exact.bucket(1, 132, 3)) == (16, 64)
+    assert blocks(exact.bucket(1, 256, 3)) == (16, 64)
+    assert blocks(exact.bucket(2, 257, 3)) == (32, 64)          # the 320-token bucket
+    assert blocks(exact.bucket(1, 512, 3)) == (32, 64)
+    assert blocks(exact.bucket(12, 12 * 132, 3)) == (32, 64)    # 1,584 tokens: the 1,792-token bucket
+    assert blocks(exact.bucket(16, 2048, 3)) == (32, 64)
+    assert blocks(exact.bucket(16, 2049, 3)) == (64, 32)        # the 2,560-token bucket
+    assert blocks(exact.bucket(64, 64 * 132, 3)) == (64, 32)
+    assert {blocks(b) for b in fast.warm_buckets()} == {(64, 64)}
+    assert {blocks(b) for b in exact.warm_buckets()} == {(16, 64), (32, 64), (64, 32)}
     for lengths, block_m in (([132], 16), ([300, 200], 32)):
         rows = _rows(lengths)
         b = exact.bucket(rows.n, len(rows.ids), 1)
@@ -172,17 +176,16 @@ KERNEL_CASES = [
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
-def _plan(block_m: int, **limits) -> PackedPlan:
-    """A plan whose every bucket's attention block table takes `block_m` queries an entry."""
-    return PackedPlan(**dict(dict(max_rows=64, max_row_tokens=512, max_batch_tokens=4096), **limits), block_m=block_m)
+def _plan(block_m: int, block_n: int = ca.BLOCK_N, **limits) -> PackedPlan:
+    """A plan whose every bucket's attention takes `block_m` queries a table entry, `block_n` keys a step."""
+    return PackedPlan(**dict(dict(max_rows=64, max_row_tokens=512, max_batch_tokens=4096), **limits),
+                      block_m=block_m, block_n=block_n)
 
 
-QUERY_BLOCKS = sorted({ca.BLOCK_M} | {m for _, m in ca.EXACT_QUERY_BLOCKS})   # every BLOCK_M a served plan takes
-
-
-# every served BLOCK_M at the served key block; 32 keys a step (an alternative that
-# benchmarks/exact_kernels_study.py measures) at the smallest and the largest
-QUERY_KEY_BLOCKS = [(m, ca.BLOCK_N) for m in QUERY_BLOCKS] + [(QUERY_BLOCKS[0], 32), (QUERY_BLOCKS[-1], 32)]
+# every (BLOCK_M, BLOCK_N) a served plan takes (the fast mode's, the exact mode's by bucket size), and
+# 16 and 32 queries at 32 keys a step (what benchmarks/query_block_plans.py measures beside them)
+SERVED_BLOCKS = sorted({(ca.BLOCK_M, ca.BLOCK_N), ca.EXACT_LARGE_BLOCKS} | {(m, n) for _, m, n in ca.EXACT_BLOCKS})
+QUERY_KEY_BLOCKS = SERVED_BLOCKS + [(16, 32), (32, 32)]
 
 
 @pytest.mark.parametrize("block_m,block_n", QUERY_KEY_BLOCKS)
@@ -190,8 +193,8 @@ QUERY_KEY_BLOCKS = [(m, ca.BLOCK_N) for m in QUERY_BLOCKS] + [(QUERY_BLOCKS[0], 
 @pytest.mark.parametrize("lengths,H,hd,window,dtype", KERNEL_CASES)
 def test_packed_attention_equals_each_row_alone(lengths, H, hd, window, dtype, mode, block_m, block_n):
     rows = _rows(lengths)
-    b = _plan(block_m).bucket(rows.n, len(rows.ids), 1)
-    assert b.block_m == block_m
+    b = _plan(block_m, block_n).bucket(rows.n, len(rows.ids), 1)
+    assert (b.block_m, b.block_n) == (block_m, block_n)
     v = {k: torch.from_numpy(x.copy()) for k, x in _filled(rows, b).items()}
     g = torch.Generator().manual_seed(sum(lengths) + hd)
     qkv = torch.randn(b.tokens, 3 * H * hd, generator=g).to(dtype)
@@ -256,15 +259,16 @@ def test_packed_attention_never_reads_another_segment():
 
 # ------------------------------------------------------------------------------ the network
 
-@pytest.mark.parametrize("preset,block_m", [("tiny", ca.BLOCK_M), ("tiny-ml", ca.BLOCK_M)] +
-                         [("tiny", m) for _, m in ca.EXACT_QUERY_BLOCKS])
-def test_forward_packed_equals_reference_forward(preset, tiny_ckpt, tiny_ml_ckpt, block_m, monkeypatch):
+@pytest.mark.parametrize("preset,block_m,block_n", [("tiny-ml", ca.BLOCK_M, ca.BLOCK_N)] +
+                         [("tiny",) + blocks for blocks in SERVED_BLOCKS])
+def test_forward_packed_equals_reference_forward(preset, tiny_ckpt, tiny_ml_ckpt, block_m, block_n, monkeypatch):
     """Whole network, real tokenized rows (two states x two questions, one row past a key block and
     the window): packed logits and act logits against the upstream-exact padded `forward`, fp32, with
-    the attention block table of either query block, which every attention launch (encoder and
-    head) takes as its BLOCK_M (a larger BLOCK_M than the table's gives the same numbers, only slower)."""
+    each served attention block (queries a table entry, keys a step), which every attention launch
+    (encoder and head) takes (a larger BLOCK_M than the table's gives the same numbers, only slower)."""
     seen, real = [], ca.attention_packed
-    monkeypatch.setattr(ca, "attention_packed", lambda *a, **k: seen.append(k.get("block_m")) or real(*a, **k))
+    monkeypatch.setattr(ca, "attention_packed",
+                        lambda *a, **k: seen.append((k.get("block_m"), k.get("block_n"))) or real(*a, **k))
     path = {"tiny": tiny_ckpt, "tiny-ml": tiny_ml_ckpt}[preset]
     b = _batch(path)
     model = LayaTorch.from_checkpoint(path)
@@ -274,9 +278,9 @@ def test_forward_packed_equals_reference_forward(preset, tiny_ckpt, tiny_ml_ckpt
     model.use_fused_kernels()
     rows = rows_from_padded({k: t.numpy() for k, t in b.items()})
     assert int(rows.lengths.max()) > ca.BLOCK_N + model.spec.sliding_window
-    plan = _plan(block_m, max_rows=16)
+    plan = _plan(block_m, block_n, max_rows=16)
     logits, act = PackedForward(model, torch.device("cpu"), plan, graphs=False).forward(rows, pad_id=0)
-    assert len(seen) == len(model.encoder.layers) + len(model.head.layers) and set(seen) == {block_m}
+    assert len(seen) == len(model.encoder.layers) + len(model.head.layers) and set(seen) == {(block_m, block_n)}
     K = ref_logits.shape[1]
     mask = b["marker_mask"].numpy().astype(bool)
     np.testing.assert_allclose(logits[:, :K][mask], ref_logits.numpy()[mask], atol=1e-4, rtol=1e-4)

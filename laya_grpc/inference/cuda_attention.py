@@ -44,8 +44,9 @@ its own tokens only, so the masks above hold per segment and no padding exists b
 0 (the decision head's layers) skips the rotation: a runtime flag, not a constexpr, so the head's
 FULL layers reuse the encoder's compiled FULL variant (one Triton compile less at a cold start). Spare table entries point at an empty
 segment and end at once. Each packed bucket's table has its own queries an entry, and its launches
-take that BLOCK_M: 16 or 32 in small and mid-size buckets with float32 attention (EXACT_QUERY_BLOCKS,
-below), else 64, so the exact mode compiles four more variants.
+take that BLOCK_M and their keys a step: with float32 attention 16 queries and 32 queries at 64 keys in
+small and mid-size buckets, 64 queries at 32 keys beyond (EXACT_BLOCKS, below), else 64 and 64, so the
+exact mode compiles six variants where the fast mode compiles two.
 
 Triton imports lazily (as cuda_kernels.py); the CPU tests run this same kernel through Triton's
 interpreter (TRITON_INTERPRET=1, tests/test_cuda_attention.py).
@@ -280,16 +281,21 @@ def attention(qkv, cos, sin, lengths, B: int, L: int, heads: int, window: int, s
     return out
 
 
-# The exact mode's (float32 attention's) query block per packed bucket size: (most tokens, BLOCK_M), in
-# order; larger buckets take BLOCK_M. One short row in the 160-token bucket gives 3 blocks of 64 x 16
-# heads, 48 programs for 132 multiprocessors, each running the 3xTF32 dots of its block alone: 16 queries
-# a program took 14.4 us a layer against 24.8 with 64 (H200, benchmarks/exact_kernels_study.py). Up to
-# 2,048 tokens 32 queries (4 warps) are the fastest: a layer of 1 x 512 tokens 44 against 62 us full and
-# 23 against 28 sliding, 6 x 132 36 against 44 (H100, 2026-12-07-5c14a40), and the model 1.13x faster
-# at 1 x 512, 1.06x at 6 x 132 (benchmarks/query_block_plans.py). From 16 rows of 132 on the two are
-# within 2.5% a layer and equal in the model, and at 64 x 132 the model is 1.5% faster with 64. 16-bit
-# attention keeps 64 everywhere (cuda_graphs.packed_plan).
-EXACT_QUERY_BLOCKS = ((256, 16), (2048, 32))
+# The exact mode's (float32 attention's) blocks per packed bucket size: (most tokens, BLOCK_M queries a
+# program, keys a step), in order; larger buckets take EXACT_LARGE_BLOCKS. One short row in the 160-token
+# bucket gives 3 blocks of 64 x 16 heads, 48 programs for 132 multiprocessors, each running the 3xTF32
+# dots of its block alone: 16 queries a program took 14.4 us a layer against 24.8 with 64 (H200,
+# benchmarks/exact_kernels_study.py). Up to 2,048 tokens 32 queries (4 warps) are the fastest: a layer
+# of 1 x 512 tokens 44 against 62 us full and 23 against 28 sliding, 6 x 132 36 against 44 (H100,
+# 2026-12-07-5c14a40), and the model 1.13x faster at 1 x 512, 1.06x at 6 x 132
+# (benchmarks/query_block_plans.py). Beyond 2,048 tokens (16 rows of 132 and more) 64 queries take 32
+# keys a step: a short row's 132 keys are 3 blocks of 64 holding 192 keys, or 5 of 32 holding 160; a
+# layer of 64 x 132 took 263 against 304 us full, 227 against 261 sliding, and the model 3.1-3.2% less
+# at 16 to 64 x 132 (H100, 2026-12-07-593581e). Below that 64 keys stay: 32 made the model 11% slower
+# at 1 x 512 and 1-2% at 3 x 400 and 6 x 132, and one short row's layer 14.7 against 17.2 us.
+# 16-bit attention keeps BLOCK_M and BLOCK_N everywhere (cuda_graphs.packed_plan).
+EXACT_BLOCKS = ((256, 16, BLOCK_N), (2048, 32, BLOCK_N))
+EXACT_LARGE_BLOCKS = (BLOCK_M, 32)
 
 
 # One pipelining depth for every packed bucket: each distinct depth is one more Triton compile per
@@ -310,8 +316,8 @@ def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int
     entries pointing at a segment of length 0. Tokens in no segment (the bucket's tail) get no
     output: their rows of `out` are left as they were. rope=False skips the rotation (the decision
     head's layers, which use no positions; cos/sin are then ignored). `split`: as `attention`'s;
-    block_m: the table's queries per entry (`packing.PackedPlan.block_m`); block_n: keys a step, for
-    measurements (benchmarks/exact_kernels_study.py), served at BLOCK_N."""
+    block_m: the table's queries per entry, block_n the keys a step (a bucket's `packing.PackedBucket`
+    block_m and block_n)."""
     triton, kernel = _kernel()
     n, width = qkv.shape
     hd = width // (3 * heads)

@@ -324,14 +324,18 @@ class _Captured:
 
 def packed_plan(max_rows: int, max_row_tokens: int, max_batch_tokens: int, dtype):
     """The packed plan serving runs for weights of `dtype` (the packed forward's qkv dtype): float32
-    attention (the exact mode) takes the query blocks of cuda_attention.EXACT_QUERY_BLOCKS in small and
-    mid-size buckets, 16-bit attention BLOCK_M everywhere."""
+    attention (the exact mode) takes the blocks of cuda_attention.EXACT_BLOCKS by bucket size, then
+    EXACT_LARGE_BLOCKS; 16-bit attention BLOCK_M and BLOCK_N everywhere."""
     import torch
 
     from . import cuda_attention as ca
     from .packing import PackedPlan
+    if dtype == torch.float32:
+        (block_m, block_n), table = ca.EXACT_LARGE_BLOCKS, ca.EXACT_BLOCKS
+    else:
+        (block_m, block_n), table = (ca.BLOCK_M, ca.BLOCK_N), ()
     return PackedPlan(max_rows=max_rows, max_row_tokens=max_row_tokens, max_batch_tokens=max_batch_tokens,
-                      block_m=ca.BLOCK_M, query_blocks=ca.EXACT_QUERY_BLOCKS if dtype == torch.float32 else ())
+                      block_m=block_m, block_n=block_n, query_blocks=table)
 
 
 class PackedForward:
@@ -376,7 +380,7 @@ class PackedForward:
 
         def step():
             logits, act = self.model.forward_packed(*(dv[k] for k in FIELDS), max_len=self.plan.max_row_tokens,
-                                                    block_m=b.block_m)
+                                                    block_m=b.block_m, block_n=b.block_n)
             out[:, : b.markers].copy_(logits)
             out[:, b.markers:].copy_(act)
 

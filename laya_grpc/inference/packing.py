@@ -41,7 +41,8 @@ class PackedBucket:
     tokens: int
     segments: int
     markers: int
-    block_m: int = 64
+    block_m: int = 64            # the attention block table's queries per entry
+    block_n: int = 64            # the attention kernel's keys a step
 
     @property
     def blocks(self) -> int:
@@ -75,7 +76,8 @@ class PackedPlan:
     max_batch_tokens: int
     min_markers: int = 8
     block_m: int = 64
-    query_blocks: tuple = ()     # (most tokens, query block) in order: the block of buckets up to that size
+    block_n: int = 64
+    query_blocks: tuple = ()     # (most tokens, block_m, block_n) in order: the blocks of buckets up to that size
 
     def __post_init__(self):
         if min(self.max_rows, self.max_row_tokens, self.max_batch_tokens) < 1:
@@ -112,7 +114,7 @@ class PackedPlan:
         for i in range(bisect.bisect_left(toks, tokens), len(toks)):
             if slots[i] >= rows:
                 k = 1 << (max(self.min_markers, markers, 1) - 1).bit_length()
-                return PackedBucket(toks[i], slots[i], k, self.block_m_at(toks[i]))
+                return PackedBucket(toks[i], slots[i], k, *self.blocks_at(toks[i]))
         return None
 
     def bucket(self, rows: int, tokens: int, markers: int) -> PackedBucket:
@@ -125,15 +127,15 @@ class PackedPlan:
         return b
 
     def warm_buckets(self) -> list:
-        return [PackedBucket(t, s, self.min_markers, self.block_m_at(t)) for t, s in zip(*self._table)]
+        return [PackedBucket(t, s, self.min_markers, *self.blocks_at(t)) for t, s in zip(*self._table)]
 
-    def block_m_at(self, tokens: int) -> int:
-        """The attention block table's queries per entry in the bucket of `tokens` tokens (the attention
-        kernel's BLOCK_M there: cuda_attention.EXACT_QUERY_BLOCKS says why it may differ by size)."""
-        for most, block_m in self.query_blocks:
+    def blocks_at(self, tokens: int) -> tuple:
+        """(queries per block-table entry, keys a step) in the bucket of `tokens` tokens: the attention
+        kernel's BLOCK_M and BLOCK_N there (cuda_attention.EXACT_BLOCKS says why they differ by size)."""
+        for most, block_m, block_n in self.query_blocks:
             if tokens <= most:
-                return block_m
-        return self.block_m
+                return block_m, block_n
+        return self.block_m, self.block_n
 
     def split(self, rows: PackedRows) -> list:
         """Contiguous row ranges, each within max_batch_tokens and one bucket (a row alone always fits:

@@ -373,14 +373,14 @@ class LayaTorch(nn.Module):
         return y
 
     def forward_packed(self, ids, tok_qtype, starts, lengths, blk_seg, blk_m0, marker_pos, marker_mask,
-                       max_len: int, block_m: int):
+                       max_len: int, block_m: int, block_n: int):
         """`forward` over packed rows (inference/packing.py): rows laid end to end in one token
         stream, each a segment that attends only within itself, positions from its own start.
 
         ids, tok_qtype [T]; starts, lengths [S+1] (slot S empty); blk_seg, blk_m0: the attention block
         table; marker_pos [S, K] (token indices in the stream), marker_mask [S, K]; all int32 on the
-        device. max_len: no segment is longer (the RoPE tables are read up to it); block_m: the block
-        table's queries per entry (`PackedBucket.block_m`). Returns (option
+        device. max_len: no segment is longer (the RoPE tables are read up to it); block_m, block_n: the block
+        table's queries per entry and the keys a step (`PackedBucket`). Returns (option
         logits [S, K] fp32, act logits [S, n_act] fp32); spare slots give finite rows to discard.
         The fused encoder's kernels, with the attention of encoder and decision head both block-
         diagonal (cuda_attention.attention_packed); same function as `forward` on the padded rows up
@@ -394,13 +394,15 @@ class LayaTorch(nn.Module):
 
         def attend(qkv, kind, split):
             return ca.attention_packed(qkv, *tables[kind], starts, lengths, blk_seg, blk_m0, H, window,
-                                       kind == SLIDING, scale, split=split, block_m=block_m)
+                                       kind == SLIDING, scale, split=split, block_m=block_m,
+                                       block_n=block_n)
 
         nh = spec.head_heads
         h = self._fused_head(self._fused_stack(ids, attend), self.type_emb(tok_qtype),
                              lambda qkv, split: ca.attention_packed(
                                  qkv, None, None, starts, lengths, blk_seg, blk_m0, nh, 0, False,
-                                 (spec.hidden_size // nh) ** -0.5, rope=False, split=split, block_m=block_m))
+                                 (spec.hidden_size // nh) ** -0.5, rope=False, split=split, block_m=block_m,
+                                 block_n=block_n))
         S = marker_pos.shape[0]
         sdt = self.scorer[1].weight.dtype
         logits = self.scorer(h[marker_pos.long()].to(sdt)).squeeze(-1).float()
