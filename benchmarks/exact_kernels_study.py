@@ -33,9 +33,9 @@ LINEARS = (("Wqkv", D, 3 * D), ("Wo", D, D), ("Wi", D, 2 * INTER), ("Wo2", INTER
 TOKENS = (160, 512, 2048, 16384)
 TRITON_CONFIGS = ((32, 64, 64, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
                   (128, 256, 64, 8, 3))   # BM, BN, BK, warps, stages
-# BLOCK_M, BLOCK_N, warps, stages. The served ones take 64 keys a step (cuda_attention.BLOCK_N) at 16, 32
-# or 64 queries with 4 warps and 2 stages. A short row's 132 keys are 3 blocks of 64 (192 keys, 31% of
-# them padding) or 5 of 32 (160, 18%), so 32 keys a step do less padded work there.
+# BLOCK_M, BLOCK_N, warps, stages. The served ones (4 warps, 2 stages) take 64 keys a step at 16 and 32
+# queries and 32 keys at 64 queries (cuda_attention.EXACT_BLOCKS, EXACT_LARGE_BLOCKS). A short row's 132
+# keys are 3 blocks of 64 (192 keys, 31% of them padding) or 5 of 32 (160, 18%).
 ATTENTION_CONFIGS = ((64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 2, 2), (32, 64, 4, 2), (32, 64, 4, 3),
                      (16, 64, 2, 2), (16, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (16, 32, 4, 2),
                      (16, 32, 2, 2))
