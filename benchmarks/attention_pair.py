@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import statistics
 import sys
 
@@ -75,8 +76,11 @@ def main(argv=None) -> int:
             real = int(v["lengths"].sum())
             for sliding in (False, True):
                 def run(mod):
+                    # the bucket's keys a step, to a build whose kernel takes them (older ones step 64)
+                    keys = {"block_n": b.block_n} if "block_n" in inspect.signature(mod.attention_packed).parameters else {}
                     return mod.attention_packed(qkv, cos, sin, v["starts"], v["lengths"], v["blk_seg"], v["blk_m0"],
-                                                HEADS, WINDOW, sliding, HD ** -0.5, split=split, block_m=b.block_m)
+                                                HEADS, WINDOW, sliding, HD ** -0.5, split=split, block_m=b.block_m,
+                                                **keys)
                 kind = "sliding" if sliding else "full"
                 diff = (_value(run(cb), split)[:real] - _value(run(ca), split)[:real]).abs().max().item()
                 if dtype == torch.bfloat16:
