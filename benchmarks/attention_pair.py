@@ -62,6 +62,8 @@ def main(argv=None) -> int:
         print("attention_pair: no CUDA device")
         return 1
     ca = _load_a(a.a_file)
+    # the bucket's keys a step go to a build whose kernel takes them (older builds step 64 keys)
+    takes_keys = {mod: "block_n" in inspect.signature(mod.attention_packed).parameters for mod in (ca, cb)}
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     g = torch.Generator(device="cuda").manual_seed(1)
     for dtype, split in ((torch.float32, 2), (torch.float16, 0), (torch.bfloat16, 0)):
@@ -76,8 +78,7 @@ def main(argv=None) -> int:
             real = int(v["lengths"].sum())
             for sliding in (False, True):
                 def run(mod):
-                    # the bucket's keys a step, to a build whose kernel takes them (older ones step 64)
-                    keys = {"block_n": b.block_n} if "block_n" in inspect.signature(mod.attention_packed).parameters else {}
+                    keys = {"block_n": b.block_n} if takes_keys[mod] else {}
                     return mod.attention_packed(qkv, cos, sin, v["starts"], v["lengths"], v["blk_seg"], v["blk_m0"],
                                                 HEADS, WINDOW, sliding, HD ** -0.5, split=split, block_m=b.block_m,
                                                 **keys)

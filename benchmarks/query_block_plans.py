@@ -3,8 +3,9 @@
 The packed attention kernel runs one program per BLOCK_M queries of one (row, head), over the keys
 BLOCK_N at a time; the plan picks both per bucket (packing.PackedPlan: `query_blocks`, the blocks of
 buckets up to a size, and `block_m`, `block_n` beyond). `keys-64` is the served table with 64 keys a
-step everywhere, `keys-32-from-257` with 32 keys from 257 tokens on. Each candidate plan below builds its own PackedForward over the same float32
-model, captures the buckets the shapes land in, and times their graph replays; the plans take turns
+step everywhere, `keys-32-from-257` with 32 keys from 257 tokens on. Each candidate plan below builds
+its own PackedForward over the same float32 model, captures the buckets the shapes land in, and
+times their graph replays; the plans take turns
 shape by shape, round after round, so drift on the host touches all of them alike. Model time per
 shape: median over rounds of the mean of ITERS replays (ms), each plan's ratio to the served plan,
 and max |logit - served plan's logit| (expected ~1e-6: only which queries share a program changes).

@@ -58,7 +58,7 @@ class DeviceSpeed:
         per = ms / units
         if var > (self.SPREAD * units) ** 2:
             slope = cov / var
-            if slope < per and ms - slope * units >= TURN_MS / 2:   # a fixed cost of half a turn or more
+            if ms - slope * units >= TURN_MS / 2:   # a fixed cost of half a turn or more (so slope < per)
                 per = slope
         return per if per > 0 else None
 
