@@ -134,8 +134,20 @@ def step():
         shift[(1,)](x, y, 4096, BLOCK=blk)
         scale[(1,)](x, y, 4096, BLOCK=blk)
 
+# the thread that computes Triton's library hash (lru_cache'd, looked up by every compile's cache key)
+import functools, triton.runtime.cache as triton_cache
+KEY_THREADS, _key = [], triton_cache.triton_key.__wrapped__
+
+@functools.lru_cache()
+def recorded_key():
+    KEY_THREADS.append(threading.current_thread().name)
+    return _key()
+
+triton_cache.triton_key = recorded_key
+kernel_compile.hash_library_ahead()
+kernel_compile.hash_library_ahead()   # once a process: a second call starts nothing
 out = {"variants": kernel_compile.ahead([step, step], -1), "launches_ahead": len(LAUNCHES), "loads": LOADS[:],
-       "hook_after": knobs.runtime.jit_cache_hook is not None}
+       "hook_after": knobs.runtime.jit_cache_hook is not None, "key_threads": KEY_THREADS[:]}
 step()
 out["launches_after"], out["loads_after"] = LAUNCHES[:], len(LOADS)
 try:
@@ -159,7 +171,9 @@ def test_ahead_compiles_each_variant_once_on_the_pool_and_launches_nothing(tmp_p
     functions whose variants share one specialization key (Triton's key is per function); the real
     pass after it compiles and loads nothing and launches every kernel; a compile error is raised,
     and no stand-in is left behind for that kernel (its next launch compiles, and fails, again);
-    Triton's hook is unset afterwards either way."""
+    Triton's hook is unset afterwards either way. Triton's hash of its own library, which every
+    compile's cache key starts with, is computed once, on the thread `hash_library_ahead` started:
+    `ahead` waits for it rather than hashing the library again on the launching thread."""
     import json
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
@@ -174,3 +188,4 @@ def test_ahead_compiles_each_variant_once_on_the_pool_and_launches_nothing(tmp_p
     assert out["launches_after"] == ["scale", "shift", "scale"] * 2 and out["loads_after"] == 4, out
     assert out["broken"] != "no error" and out["broken_again"] != "no error", out
     assert not out["hook_after"] and not out["hook_after_error"], out
+    assert out["key_threads"] == ["triton-library-hash"], out

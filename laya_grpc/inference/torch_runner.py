@@ -36,6 +36,9 @@ class TorchRunner:
         self._torch = torch
         tdtype = torch_dtype(dtype, device)
         self.kernels = resolve_kernels(cuda_kernels, torch.device(device).type)
+        if self.kernels == "fused":   # Triton's own hash runs while the weights load (kernel_compile.py)
+            from .kernel_compile import hash_library_ahead
+            hash_library_ahead()
         self.model = LayaTorch.from_checkpoint(ckpt_dir, device=device, dtype=tdtype).eval()
         if self.kernels == "fused":
             self.model.use_fused_kernels()
