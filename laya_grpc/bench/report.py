@@ -33,7 +33,8 @@ def write_report(jsonl: str, out_dir: str) -> str:
     env = (by("suite", "environment") or [{}])[0]
     L = ["# laya-grpc benchmark", "",
          "commit `%s`%s, %s; GPU: %s; device %s, backend %s; torch %s, laya %s, python %s; checkpoint preset `%s`%s."
-         % (env.get("commit", "?")[:12], " (dirty tree)" if env.get("dirty") else "", env.get("date"),
+         % (env.get("commit", "?")[:12] if env.get("commit") != "unknown" else "unknown: %s" % env.get("tree"),
+            " (dirty tree)" if env.get("dirty") else "", env.get("date"),
             env.get("gpu") or "none", env.get("device"), env.get("backend"), env.get("torch"), env.get("laya"),
             env.get("python"), env.get("preset"), " (SMOKE: figures are not meaningful)" if env.get("smoke") else ""),
          ""]

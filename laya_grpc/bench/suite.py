@@ -97,21 +97,34 @@ def _auto_device(backend: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _checkout(root: str) -> tuple:
+    """(commit, dirty) of the git checkout whose top level is `root`. A tree without its own .git
+    (an archive unpacked inside another checkout, as the A/B trees are) has no commit ("unknown"; the
+    environment's `tree` says which folder ran): git would name the enclosing checkout's, which is
+    not the code that ran."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+    top = git("rev-parse", "--show-toplevel")
+    if not top or os.path.realpath(top) != os.path.realpath(root):
+        return "unknown", False
+    return git("rev-parse", "HEAD") or "unknown", bool(git("status", "--porcelain"))
+
+
 def environment(a) -> dict:
     def ver(mod):
         try:
             return __import__(mod).__version__
         except Exception as e:  # noqa: BLE001 - recorded, not fatal: a missing package is a fact of the run
             return "absent (%s)" % type(e).__name__
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout)
+    tree = os.path.dirname(ROOT)   # the folder that holds this laya_grpc
+    commit, dirty = _checkout(tree)
     gpu = ""
     try:
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
     except OSError:
         gpu = "none (no nvidia-smi)"
-    return {"commit": commit or "unknown", "dirty": dirty, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    return {"commit": commit, "dirty": dirty, "tree": tree, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "torch": ver("torch"), "laya": ver("laya"), "grpc": ver("grpc"), "numpy": ver("numpy"), "gpu": gpu,
             "device": a.device, "backend": a.backend, "dtype": a.dtype, "preset": a.preset, "smoke": a.smoke}
