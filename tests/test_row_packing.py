@@ -22,6 +22,7 @@ triton_interpreter.require()
 torch = pytest.importorskip("torch")
 
 from laya_grpc.inference import cuda_attention as ca  # noqa: E402
+from laya_grpc.inference import cuda_kernels as ck  # noqa: E402
 from laya_grpc.inference.cuda_graphs import PackedForward, packed_plan  # noqa: E402
 from laya_grpc.inference.packing import PackedBucket, PackedPlan, fill, rows_from_padded  # noqa: E402
 from laya_grpc.inference.registry import synthetic_rows  # noqa: E402
@@ -298,6 +299,41 @@ def _packed_cpu_runner(path: str, max_batch_tokens: int) -> TorchRunner:
     assert runner.packing.bucket(1, 150, 1).block_m == 16   # float32 weights: the exact mode's plan
     runner.graphs = PackedForward(runner.model, torch.device("cpu"), runner.packing, graphs=False)
     return runner
+
+
+def test_rows_outside_every_segment_never_reach_an_answer(tiny_ckpt, monkeypatch):
+    """A packed bucket's tail (tokens in no segment) runs through the network on whatever its buffers
+    held: attention leaves those rows of its output unwritten (`attention_packed`), and the per-token
+    kernels after it carry them on, so the tail may hold anything, NaN and infinity included (what
+    Triton's interpreter warns of as overflow in some runs). No answer may read it: with every fresh
+    kernel output filled with NaN first, the exact mode's logits and act logits stay the same, bit
+    for bit, and finite."""
+    runner = _packed_cpu_runner(tiny_ckpt, max_batch_tokens=4096)
+    rows = synthetic_rows(3, 70, 4, runner.vocab_size, seed=5)
+    bucket = runner.packing.bucket(rows.n, len(rows.ids), 4)
+    assert bucket.tokens > len(rows.ids)                           # a tail exists: 210 tokens in a bucket of 224
+    clean = runner.run_rows(rows, 0)
+    real, tails = ck.split_out, []
+
+    def poisoned(n, *args):
+        out = real(n, *args)
+        out.fill_(float("nan"))
+        return out
+
+    def attention(qkv, *args, **kwargs):
+        out = real_attention(qkv, *args, **kwargs)
+        tails.append(bool(torch.isnan(out[len(rows.ids):]).all()))   # the tail's rows stay unwritten
+        return out
+
+    real_attention = ca.attention_packed
+    monkeypatch.setattr(ck, "split_out", poisoned)
+    monkeypatch.setattr(ca, "attention_packed", attention)
+    with np.errstate(all="ignore"):                                # NaN arithmetic in the tail, on purpose
+        logits, act = runner.run_rows(rows, 0)
+    assert tails and all(tails), tails
+    assert np.isfinite(logits).all() and np.isfinite(act).all()
+    np.testing.assert_array_equal(logits, clean[0])
+    np.testing.assert_array_equal(act, clean[1])
 
 
 def test_runner_and_batcher_pack_and_split_with_unchanged_answers(tiny_ckpt):
