@@ -304,10 +304,10 @@ def _packed_cpu_runner(path: str, max_batch_tokens: int) -> TorchRunner:
 def test_rows_outside_every_segment_never_reach_an_answer(tiny_ckpt, monkeypatch):
     """A packed bucket's tail (tokens in no segment) runs through the network on whatever its buffers
     held: attention leaves those rows of its output unwritten (`attention_packed`), and the per-token
-    kernels after it carry them on, so the tail may hold anything, NaN and infinity included (what
-    Triton's interpreter warns of as overflow in some runs). No answer may read it: with every fresh
-    kernel output filled with NaN first, the exact mode's logits and act logits stay the same, bit
-    for bit, and finite."""
+    kernels after it carry them on, so the tail may hold anything, NaN and infinity included (the
+    likeliest source of the overflow warnings Triton's interpreter prints in some runs). No answer
+    may read it: with every fresh kernel output filled with NaN first, the exact mode's logits and
+    act logits stay the same, bit for bit, and finite."""
     runner = _packed_cpu_runner(tiny_ckpt, max_batch_tokens=4096)
     rows = synthetic_rows(3, 70, 4, runner.vocab_size, seed=5)
     bucket = runner.packing.bucket(rows.n, len(rows.ids), 4)
