@@ -243,3 +243,45 @@ def test_exact_mode_forward_is_unchanged_by_split_writing_kernels(tiny_ckpt, mon
     assert head_layers and n_fused == 1, (n_fused, layers, head_gemms)
     for f, s in zip(fused, separate):
         assert np.array_equal(f, s)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # the dry forward's kernels read unset memory
+@pytest.mark.parametrize("weights", ["float32", "float16"])
+def test_allocate_only_computes_no_gemm_of_the_fused_forward(tiny_ckpt, monkeypatch, weights):
+    """The warm-up's dry passes after the first run in `split_gemm.allocate_only`
+    (cuda_graphs.warm_graphs). There the packed forward at CUDA's served precision (float32 weights:
+    every GEMM split; float16: the fast mode's fp16 and float32-output GEMMs) computes none of its
+    encoder and head-layer GEMMs, and still runs to outputs of the same shapes and dtypes. Outside
+    the context the same forward computes them again, and its answers equal a forward that never
+    entered it. A GEMM left outside `_mm16_fp32` and `mm16` would be counted here."""
+    from types import SimpleNamespace
+
+    from laya_grpc.inference import split_gemm
+    dtype = getattr(torch, weights)
+    model = LayaTorch.from_checkpoint(tiny_ckpt, dtype=dtype)
+    model.use_fused_kernels(Precision.for_weights(dtype, "cuda"))
+    rows = synthetic_rows(3, 40, 4, model.spec.vocab_size, seed=5)
+    with torch.inference_mode():
+        before = _packed(model, rows)
+    calls = []
+    real_mm, real_linear = torch.mm, split_gemm.F.linear
+
+    def mm(*a, **k):
+        calls.append("mm")
+        return real_mm(*a, **k)
+
+    def linear(*a, **k):
+        calls.append("linear")
+        return real_linear(*a, **k)
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(split_gemm, "F", SimpleNamespace(linear=linear))
+    with torch.inference_mode():
+        with split_gemm.allocate_only():
+            dry = _packed(model, rows)
+        assert calls == []
+        after = _packed(model, rows)
+    layers = len(model.encoder.layers) + len(model.head.layers)
+    assert len(calls) == 4 * layers, (calls, layers)   # four GEMMs a layer, encoder and head
+    assert [(x.shape, x.dtype) for x in dry] == [(x.shape, x.dtype) for x in before]
+    for b, a in zip(before, after):
+        assert np.array_equal(b, a)

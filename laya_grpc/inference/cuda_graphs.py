@@ -21,6 +21,7 @@ row of theirs is fully masked (a fully masked row would be NaN, and NaN keys poi
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Callable, Hashable, Optional
@@ -140,24 +141,28 @@ def fill_bucket(views: dict, batch: dict, b: Bucket) -> int:
 def warm_graphs(cache: "GraphCache", buckets: list, buffers: Callable, stream, pool, device) -> int:
     """Capture the graph of each bucket missing from `cache`. Every bucket's buffers come first, then
     one dry pass of each bucket's step on the capture stream compiles and loads the Triton kernels
-    they launch, side by side (kernel_compile.ahead), then the captures. The dry pass stands in for
-    the eager pass a capture otherwise runs first: it ran every torch operation of the step on the
-    capture stream (library handles and workspaces are set up) and every kernel is compiled and
-    loaded. It costs one forward per bucket, as the eager passes did. Returns the kernel variants
-    compiled or read from the disk cache."""
+    they launch, side by side (kernel_compile.ahead), then the captures. The dry passes stand in for
+    the eager pass a capture otherwise runs first: every Triton kernel is compiled and loaded, and the
+    first bucket's pass ran every torch operation of the step on the capture stream (cuBLAS's handle
+    and workspace are set up there). The later passes' GEMMs only allocate their outputs
+    (split_gemm.allocate_only): nothing reads a dry pass's results, and on the large buckets the GEMMs
+    were most of the pass's device time. A capture may then meet a GEMM shape cuBLAS has not run yet;
+    its kernel is loaded while capturing, which CUDA drivers allow since 12.3. Returns the kernel
+    variants compiled or read from the disk cache."""
     import torch
-    from . import kernel_compile
+    from . import kernel_compile, split_gemm
     entries = {b: buffers(b) for b in dict.fromkeys(buckets) if b not in cache}
     if not entries:
         return 0
     stream.wait_stream(torch.cuda.current_stream(device))   # the buffers' fills are on the current stream
 
-    def dry(step):
+    def dry(step, gemms: bool):
         def run():
-            with torch.inference_mode(), torch.cuda.stream(stream):
+            with torch.inference_mode(), torch.cuda.stream(stream), \
+                    (contextlib.nullcontext() if gemms else split_gemm.allocate_only()):
                 step()
         return run
-    variants = kernel_compile.ahead([dry(e.step) for e in entries.values()], device)
+    variants = kernel_compile.ahead([dry(e.step, i == 0) for i, e in enumerate(entries.values())], device)
     torch.cuda.current_stream(device).wait_stream(stream)
     for b, entry in entries.items():
         def capture(_b, entry=entry):

@@ -15,8 +15,9 @@ the hook's own arguments cost ~0.1 ms a call, which over every launch of 36 buck
 the compiles saved on a filled cache. Leaving the compile mode puts each compiled kernel in place of
 its stand-in; a stand-in still there afterwards (a failed compile) is removed, so a later launch
 compiles again rather than doing nothing. The torch operations of a dry pass still run, on whatever
-the skipped kernels left in their outputs: nothing reads those results, and no index a dry pass
-uses comes from a Triton kernel. Each pool thread also loads its kernel onto the device and builds
+the skipped kernels left in their outputs (in every pass after the first, the GEMMs launch nothing
+either: cuda_graphs.warm_graphs): nothing reads those results, and no index a dry pass uses comes
+from a Triton kernel or a GEMM. Each pool thread also loads its kernel onto the device and builds
 its launcher, so the passes after `ahead` compile and load nothing. A variant already in the disk
 cache is read, not compiled, also on the pool. A compile error is raised by `ahead`, as it would
 be by the launch.

@@ -18,10 +18,13 @@ On CPU (tests, through Triton's interpreter) the GEMM runs in float32 on the sam
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
 
 import torch
+import torch.nn.functional as F
 
 log = logging.getLogger("laya_grpc.inference.split_gemm")
 # torch.mm(a16, b16, out_dtype=torch.float32): CUDA only (torch >= 2.8); without it, a float32 GEMM
@@ -31,7 +34,26 @@ if not _MM_DTYPE:
                 torch.__version__)
 
 
+# set by `allocate_only` (per thread and task: a context variable)
+_ALLOCATE_ONLY = contextvars.ContextVar("laya_gemms_allocate_only", default=False)
+
+
+@contextlib.contextmanager
+def allocate_only():
+    """Within this, the fused path's GEMMs (`_mm16_fp32`, `mm16`: every GEMM of the encoder and the
+    decision head's layers; the scorer and act head are not on it) allocate their outputs and launch
+    nothing. For the warm-up's later dry passes (cuda_graphs.warm_graphs), whose results nothing reads:
+    on a large bucket their GEMMs were most of the pass's device time."""
+    token = _ALLOCATE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _ALLOCATE_ONLY.reset(token)
+
+
 def _mm16_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if _ALLOCATE_ONLY.get():
+        return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
     if a.is_cuda and _MM_DTYPE:
         return torch.mm(a, b, out_dtype=torch.float32)
     return torch.mm(a.float(), b.float())
@@ -70,6 +92,13 @@ class SplitLinear:
         if self.bias is not None:
             y.add_(self.bias)
         return y
+
+
+def mm16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T (+ b) in the weights' dtype: the fast mode's Wqkv and Wi GEMMs and its head's in_proj."""
+    if _ALLOCATE_ONLY.get():
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+    return F.linear(x, weight, bias)
 
 
 def mm_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

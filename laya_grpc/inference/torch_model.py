@@ -257,10 +257,10 @@ class LayaTorch(nn.Module):
             return sp.on_split(x)
         if sp is not None:
             return sp(x)
+        from .split_gemm import mm16, mm_fp32_out
         if out_dtype is not None and out_dtype != x.dtype:
-            from .split_gemm import mm_fp32_out
             return mm_fp32_out(x, lin.weight)
-        return F.linear(x, lin.weight)
+        return mm16(x, lin.weight)
 
     def encode(self, input_ids, attention_mask, position_ids=None, option_ids=None) -> torch.Tensor:
         """ModernBertModel(...).last_hidden_state."""
@@ -436,7 +436,8 @@ class LayaTorch(nn.Module):
             sa = layer.self_attn
             sp = self._split.get(id(sa))
             if sp is None:
-                qkv = F.linear(y, sa.in_proj_weight, sa.in_proj_bias)
+                from .split_gemm import mm16
+                qkv = mm16(y, sa.in_proj_weight, sa.in_proj_bias)
             else:   # y came split from the norm before unless _terms says otherwise
                 qkv = sp.on_split(y) if self._terms(sa, hdt) else sp(y)
             terms = self._terms(sa.out_proj, hdt)
