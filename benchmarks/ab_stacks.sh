@@ -15,10 +15,20 @@ export PYTHONUNBUFFERED=1
 PYA=/tmp/site:$A_DIR:$A_DIR/protos/gen; PYB=/tmp/site:$B_DIR:$B_DIR/protos/gen
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 PYTHONPATH=$PYB python3 -m laya_grpc.cli make-checkpoint /tmp/lb/large --preset large --force >/dev/null || exit 1
-(cd /tmp && env PYTHONPATH=$PYA ${A_ENV:-} python3 -m laya_grpc.cli serve --checkpoint english=/tmp/lb/large \
-   --http 127.0.0.1:18300 --grpc 127.0.0.1:18310 --run-dir /tmp/run-a ${A_ARGS:-} >"$OUT/a.log" 2>&1 &)
-(cd /tmp && env PYTHONPATH=$PYB ${B_ENV:-} python3 -m laya_grpc.cli serve --checkpoint english=/tmp/lb/large \
-   --http 127.0.0.1:18301 --grpc 127.0.0.1:18311 --run-dir /tmp/run-b ${B_ARGS:-} >"$OUT/b.log" 2>&1 &)
+(cd /tmp && exec env PYTHONPATH=$PYA ${A_ENV:-} python3 -m laya_grpc.cli serve --checkpoint english=/tmp/lb/large \
+   --http 127.0.0.1:18300 --grpc 127.0.0.1:18310 --run-dir /tmp/run-a ${A_ARGS:-} >"$OUT/a.log" 2>&1) &
+PIDA=$!
+(cd /tmp && exec env PYTHONPATH=$PYB ${B_ENV:-} python3 -m laya_grpc.cli serve --checkpoint english=/tmp/lb/large \
+   --http 127.0.0.1:18301 --grpc 127.0.0.1:18311 --run-dir /tmp/run-b ${B_ARGS:-} >"$OUT/b.log" 2>&1) &
+PIDB=$!
+# both stacks stop when the script ends (SIGTERM drains them; after 30 s, SIGKILL), so the device call
+# ends with the measurements rather than at its time limit
+stop() {
+  kill -TERM $PIDA $PIDB 2>/dev/null
+  for i in $(seq 30); do kill -0 $PIDA 2>/dev/null || kill -0 $PIDB 2>/dev/null || break; sleep 1; done
+  kill -KILL $PIDA $PIDB 2>/dev/null; wait 2>/dev/null
+}
+trap stop EXIT
 mkdir -p /tmp/run-a /tmp/run-b
 for i in $(seq 240); do
   grep -q "laya-grpc: ready" "$OUT/a.log" && grep -q "laya-grpc: ready" "$OUT/b.log" && break

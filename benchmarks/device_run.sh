@@ -12,7 +12,7 @@
 #          MODEL_DTYPE=float16, or float32 with MODES=packed,fused)
 #   engine  our engine alone at its defaults (`laya-grpc bench --stages engine`, short soak): one request's
 #          model and end-to-end time per input, predict_batch of 64 and 256 states; with A_DIR, the tree there
-#          first (its own bench), into $OUT/engine-a, this tree into $OUT/engine-b
+#          first (its own bench), into $OUT/engine-a-results.jsonl and -report.md, this tree into engine-b-*
 #   bench  the side-by-side suite: upstream eager, our engine, gRPC, HTTP (`laya-grpc bench`);
 #          STAGES=...,replicas adds serve --inference-replicas N on the one GPU for N in REPLICAS (default 1,2),
 #          at 8 and 64 HTTP clients: decisions/s and p95 side by side
@@ -92,7 +92,11 @@ for line in open(sys.argv[1]):
         print(sys.argv[2], 'predict_batch', r['states'], 'states: %.0f decisions/s' % r['decisions_per_s'])
     elif r['kind'] == 'startup':
         print(sys.argv[2], r['device'], r['dtype'])
-" $OUT/engine-$s/results.jsonl $s; done ;;
+" $OUT/engine-$s/results.jsonl $s; done
+  # at most 8 files come back from $OUT: keep each side's results and report, not its plots
+  for s in a b; do [ -d $OUT/engine-$s ] || continue
+    for f in results.jsonl report.md; do [ -f $OUT/engine-$s/$f ] && mv $OUT/engine-$s/$f $OUT/engine-$s-$f; done
+    rm -rf $OUT/engine-$s; done ;;
 esac
 case ",$PHASES," in *,bench,*)
   timeout ${BENCH_TIMEOUT:-480} python3 -m laya_grpc.cli bench --out $OUT --work-dir /tmp/lb --stages ${STAGES:-engine,upstream,service} --replicas ${REPLICAS:-1,2} 2>&1 | grep -v '"kind": "latency"' | tail -60
