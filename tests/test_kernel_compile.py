@@ -64,7 +64,8 @@ for t, s in (("fp16", 0), ("fp32", 0), ("fp32", 2), ("fp32", 3)):
                   "qk_scale": "fp32", "rope": "i32"},
                  {"H": 16, "HD": 64, "BLOCK_D": 64, "BLOCK_M": bm, "BLOCK_N": bn, "SLIDING": True,
                   "PREC": "tf32x3" if t == "fp32" else None, "FOR_LOOP": True, "VARLEN": varlen, "SPLIT": s})
-# split-K output GEMMs (benchmarks/split_k.py, which a GPU run's study launches): the fast mode's fp16 operands (1 term), the exact mode's split pairs (2, 3)
+# split-K output GEMMs (benchmarks/split_k.py, which a GPU run's study launches): the fast mode's
+# fp16 operands (1 term), the exact mode's split pairs (2, 3)
 for terms in (1, 2, 3):
     compile_("split_k terms %d" % terms, splitk,
              {"x_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp32", "n": "i32", "m": "i32", "k": "i32",
