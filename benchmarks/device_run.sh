@@ -2,9 +2,6 @@
 # One scripted GPU run (the GPU machine starts bare, no network): carried wheels (.whl),
 # then the phases named in PHASES (default: check,model,bench). Results go to $OUT.
 #   check  kernels and tiny checkpoints on CUDA against CPU fp32 (benchmarks/cuda_check.py); stops on failure
-#   splitk  split-K output GEMMs (benchmarks/split_k.py, an experiment) against cuBLAS: kernels per token
-#          count and parts, then the model with the plan off, as it stands and at other TARGET_PROGRAMS
-#          (benchmarks/split_k_study.py; float32, then float16 without the kernel sweep): $OUT/split_k_study.txt
 #   profile  kernel time per name in one forward (benchmarks/gpu_profile.py; STUDIES=kernels,hops,gemms;
 #          DTYPE=float32, the served default, or float16; LAYOUTS=packed,padded, default packed; with
 #          A_DIR, the kernel study again on the tree there, its lines prefixed "A: ");
@@ -35,13 +32,6 @@ python3 -c "import torch,triton,grpc,google.protobuf as p,laya,starlette,uvicorn
 case ",$PHASES," in *,check,*)
   python3 -m benchmarks.cuda_check --work-dir /tmp/ck 2>&1 | tee $OUT/cuda_check.txt
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "cuda_check failed: stopping"; exit 1; } ;;
-esac
-case ",$PHASES," in *,splitk,*)
-  [ -d /tmp/lb/large ] || python3 -m laya_grpc.cli make-checkpoint /tmp/lb/large --preset large --force >/dev/null
-  (timeout ${SPLITK_TIMEOUT:-240} python3 -m benchmarks.split_k_study --ckpt /tmp/lb/large --rounds ${ROUNDS:-5} \
-     --targets ${TARGETS:-132,528}
-   timeout ${SPLITK_TIMEOUT:-240} python3 -m benchmarks.split_k_study --ckpt /tmp/lb/large --rounds ${ROUNDS:-5} \
-     --targets ${TARGETS:-132,528} --dtype float16 --skip-kernels) 2>&1 | grep -v '^{' | tee $OUT/split_k_study.txt ;;
 esac
 case ",$PHASES," in *,precision,*|*,parity,*)   # the stage's checkpoints, made side by side
   python3 -c "

@@ -23,14 +23,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from laya_grpc.inference import cuda_attention as ca, cuda_kernels as ck
-from benchmarks import split_k as sk
 
 target = GPUTarget("cuda", 90, 32)
 _, rope, gelu = ck._kernels()
 _, norm = ck._norm_kernel()
 _, split = ck._split_kernel()
 _, attn = ca._kernel()
-_, splitk = sk._kernel()
 
 def compile_(name, fn, sig, consts):
     sig = dict(sig, **{k: "constexpr" for k in consts})
@@ -49,8 +47,7 @@ for t, s in (("fp16", 0), ("fp32", 0), ("fp32", 2), ("fp32", 3)):
     for res in (False, True):
         compile_("add_layer_norm %s split %d residual %s" % (t, s, res), norm,
                  {"x_ptr": "*fp32", "o_ptr": "*" + t, "w_ptr": "*" + t, "y_ptr": out, "n_rows": "i32", "d": "i32",
-                  "eps": "fp32", "parts": "i32", "part_stride": "i32"},
-                 {"ROWS": 1, "BLOCK": 1024, "HAS_RES": res, "SPLIT": s, "PARTS": res and t == "fp32"})
+                  "eps": "fp32"}, {"ROWS": 1, "BLOCK": 1024, "HAS_RES": res, "SPLIT": s})
     if s:
         compile_("split_fp16 terms %d" % s, split, {"x_ptr": "*fp32", "out_ptr": "*fp16", "n_rows": "i32", "k": "i32"},
                  {"BLOCK": 1024, "TERMS": s})
@@ -64,13 +61,6 @@ for t, s in (("fp16", 0), ("fp32", 0), ("fp32", 2), ("fp32", 3)):
                   "qk_scale": "fp32", "rope": "i32"},
                  {"H": 16, "HD": 64, "BLOCK_D": 64, "BLOCK_M": bm, "BLOCK_N": bn, "SLIDING": True,
                   "PREC": "tf32x3" if t == "fp32" else None, "FOR_LOOP": True, "VARLEN": varlen, "SPLIT": s})
-# split-K output GEMMs (benchmarks/split_k.py, which a GPU run's study launches): the fast mode's
-# fp16 operands (1 term), the exact mode's split pairs (2, 3)
-for terms in (1, 2, 3):
-    compile_("split_k terms %d" % terms, splitk,
-             {"x_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp32", "n": "i32", "m": "i32", "k": "i32",
-              "k_part": "i32", "x_stride": "i32", "w_stride": "i32", "scale": "fp32"},
-             {"TERMS": terms, "BM": sk.BLOCK_M, "BN": sk.BLOCK_N, "BK": sk.BLOCK_K, "FOR_LOOP": True})
 print("all variants compiled")
 '''
 

@@ -135,13 +135,10 @@ def _norm_kernel():
     # program still has ~1024 elements. n_rows (N = B*L) changes with every CUDA-graph bucket: not
     # specialised, so every bucket reuses one compiled variant per (dtype, d, HAS_RES); d (one value
     # per model) stays specialised, its divisibility by 16 vectorises the row loads.
-    # o may come as K-split partial products [parts, N, d] (a GEMM whose K is cut into parts, each
-    # part's product in float32: benchmarks/split_k.py): summed in order, in float32, before the add
-    # (PARTS); parts and their stride are not specialised either (1 and N*d for a plain o).
-    @triton.jit(do_not_specialize=["n_rows", "parts", "part_stride"])
-    def add_layer_norm_kernel(x_ptr, o_ptr, ob_ptr, w_ptr, b_ptr, y_ptr, n_rows, d, eps, parts, part_stride,
+    @triton.jit(do_not_specialize=["n_rows"])
+    def add_layer_norm_kernel(x_ptr, o_ptr, ob_ptr, w_ptr, b_ptr, y_ptr, n_rows, d, eps,
                               ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, HAS_OB: tl.constexpr,
-                              NORM: tl.constexpr, HAS_B: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr):
+                              NORM: tl.constexpr, HAS_B: tl.constexpr, SPLIT: tl.constexpr):
         r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
         c = tl.arange(0, BLOCK)[None, :]
         cm = c < d
@@ -150,11 +147,6 @@ def _norm_kernel():
         h = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
         if HAS_RES:
             o = tl.load(o_ptr + off, mask=m, other=0.0).to(tl.float32)
-            if PARTS:                # (a constexpr: a plain o compiles to the kernel without the loop)
-                p = parts * 0 + 1    # a while loop: Triton's interpreter takes no runtime bound in range()
-                while p < parts:
-                    o += tl.load(o_ptr + p * part_stride + off, mask=m, other=0.0).to(tl.float32)
-                    p += 1
             if HAS_OB:   # the GEMM's bias, added to its float32 output before the residual add
                 o += tl.load(ob_ptr + c, mask=cm, other=0.0).to(tl.float32)
             h += o
@@ -236,11 +228,9 @@ def _norm_launch(x, o, weight, eps: float, out_dtype=None, split: int = 0, bias=
     triton, kernel = _norm_kernel()
     n, d = x.shape
     vectors = [v for v in (weight, bias, o_bias) if v is not None]
-    parts = 1 if o is None or o.dim() == 2 else o.shape[0]
     if not x.is_contiguous() or any(v.shape != (d,) for v in vectors) or (o is None and o_bias is not None) \
-            or (o is not None and (o.shape[-2:] != x.shape or o.dim() not in (2, 3) or not o.is_contiguous())):
-        raise ValueError("add_layer_norm: x contiguous [N, d], o contiguous [N, d] or [parts, N, d], weight, bias, "
-                         "o_bias [d]; got %s %s %s"
+            or (o is not None and (o.shape != x.shape or not o.is_contiguous())):
+        raise ValueError("add_layer_norm: x, o contiguous [N, d], weight, bias, o_bias [d]; got %s %s %s"
                          % (tuple(x.shape), None if o is None else (tuple(o.shape), o.dtype),
                             [tuple(v.shape) for v in vectors]))
     y = split_out(n, d, out_dtype or x.dtype, split, x.device, "add_layer_norm") if norm else None
@@ -249,9 +239,9 @@ def _norm_launch(x, o, weight, eps: float, out_dtype=None, split: int = 0, bias=
     # ~1024 elements a program, 4 warps: 8 per thread, 16-byte loads at fp16 (d = 1024: one row)
     kernel[(triton.cdiv(n, rows),)](x, x if o is None else o, x if o_bias is None else o_bias,
                                     x if weight is None else weight, x if bias is None else bias,
-                                    x if y is None else y, n, d, float(eps), parts, n * d, ROWS=rows, BLOCK=block,
+                                    x if y is None else y, n, d, float(eps), ROWS=rows, BLOCK=block,
                                     HAS_RES=o is not None, HAS_OB=o_bias is not None, NORM=norm,
-                                    HAS_B=bias is not None, SPLIT=split, PARTS=parts > 1,
+                                    HAS_B=bias is not None, SPLIT=split,
                                     num_warps=min(max(rows * block // 256, 1), 16))
     return y
 
@@ -260,9 +250,7 @@ def add_layer_norm(x, o, weight, eps: float, out_dtype=None, split: int = 0, bia
     """(x, y): x += o (+ o_bias) in place (rounded to x's dtype, as the eager `x + o`), y =
     layer_norm(x, (d,), weight, bias, eps) in a new buffer of `out_dtype` (default x's). x, o: [N, d]
     contiguous, each of any float dtype (the residual stream x is float32 on CUDA, o a 16-bit or
-    float32 GEMM output); o may also be [parts, N, d], float32 partial products of a GEMM whose K is
-    cut into parts (benchmarks/split_k.py), summed in order first: the same bits on every run;
-    weight, bias, o_bias (o's GEMM bias, added in float32): [d]; fp32 maths.
+    float32 GEMM output); weight, bias, o_bias (o's GEMM bias, added in float32): [d]; fp32 maths.
     With `split` (a float32 y) y comes as split_fp16(y, split) would make it."""
     return x, _norm_launch(x, o, weight, eps, out_dtype, split, bias, o_bias)
 
