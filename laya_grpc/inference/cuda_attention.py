@@ -116,9 +116,7 @@ def _kernel():
                          H: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          SLIDING: tl.constexpr, PREC: tl.constexpr, FOR_LOOP: tl.constexpr,
-                         VARLEN: tl.constexpr, SPLIT: tl.constexpr, GDC: tl.constexpr):
-        if GDC:   # cuda_kernels.launch_options: nothing before this line reads or writes memory
-            tl.extra.cuda.gdc_wait()
+                         VARLEN: tl.constexpr, SPLIT: tl.constexpr):
         HALF: tl.constexpr = HD // 2
         STRIDE: tl.constexpr = 3 * H * HD           # one token's row of qkv
         dt = qkv_ptr.dtype.element_ty
@@ -279,7 +277,7 @@ def attention(qkv, cos, sin, lengths, B: int, L: int, heads: int, window: int, s
                  H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
                  SLIDING=bool(sliding), PREC=dot_precision(qkv.dtype),
                  FOR_LOOP=(loop or ("while" if _interpreted() else "for")) == "for",
-                 VARLEN=False, SPLIT=split, num_warps=num_warps, num_stages=stages, **ck.launch_options(qkv))
+                 VARLEN=False, SPLIT=split, num_warps=num_warps, num_stages=stages)
     return out
 
 
@@ -338,7 +336,7 @@ def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int
                  H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=block_m, BLOCK_N=block_n,
                  SLIDING=bool(sliding), PREC=dot_precision(qkv.dtype),
                  FOR_LOOP=not _interpreted(), VARLEN=True, SPLIT=split,
-                 num_warps=num_warps, num_stages=stages, **ck.launch_options(qkv))
+                 num_warps=num_warps, num_stages=stages)
     return out
 
 

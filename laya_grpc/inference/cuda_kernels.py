@@ -24,9 +24,6 @@ Here each is one pass:
   `bias_relu` and cuda_attention.py's kernel write that form themselves (`split=`, `split_store`)
   when their output feeds such a GEMM: one launch fewer each.
 
-Every kernel here and in cuda_attention.py is launched with programmatic dependent launch on an
-sm_90 or newer GPU (`launch_options`).
-
 Triton imports lazily: on a host without it `available()` says why, and the CPU tests run these
 same kernels through Triton's interpreter (TRITON_INTERPRET=1, tests/test_fused_encoder.py).
 """
@@ -49,7 +46,6 @@ def split_store():
     within 2^-20 |v| + 2^-24 of the plain output (benchmarks/cuda_check.py checks it on the GPU)."""
     import triton
     import triton.language
-    import triton.language.extra.cuda   # noqa: F401 - tl.extra.cuda.gdc_wait, in every kernel (launch_options)
 
     # module globals: kernels here and in cuda_attention.py call the helper, compiled or interpreted, and
     # Triton's interpreter looks triton.language up in the helper's module globals
@@ -68,32 +64,6 @@ def split_store():
     return _store_split
 
 
-def launch_options(t) -> dict:
-    """The launch's `GDC` constexpr and Triton launch options for a kernel whose tensors live where t does:
-    programmatic dependent launch on an sm_90 or newer GPU (`GDC=True, launch_pdl=True`), else a plain
-    launch (`GDC=False`).
-
-    Why: behind CUDA graphs a short request's forward is ~290 kernels of 4-5 us, and most kernels of ours
-    follow a cuBLAS GEMM whose output they read. Launched with the programmatic-serialization attribute,
-    its blocks may be scheduled once the GEMM's blocks have exited, before the GEMM's grid has completed
-    and its writes have been flushed, so its launch overlaps the GEMM's tail. Every kernel here begins
-    with `griddepcontrol.wait` when GDC is set: it waits until the kernel before it has completed and its
-    memory is visible, and nothing comes before it, so no load or store of the kernel can race with the
-    kernel before it, whichever that is (a GEMM, or one of ours launched the same way). The kernels after
-    ours (cuBLAS's) are launched plainly and wait for ours to complete, as before. CUDA graphs capture
-    the dependency as a programmatic edge (CUDA 12.3 and newer). Triton's interpreter never gets it."""
-    return {"GDC": True, "launch_pdl": True} if _dependent_launch(t.device) else {"GDC": False}
-
-
-@functools.lru_cache(maxsize=16)
-def _dependent_launch(device) -> bool:
-    if device.type != "cuda":
-        return False
-    import torch
-    import triton
-    return not triton.knobs.runtime.interpret and torch.cuda.get_device_capability(device)[0] >= 9
-
-
 @functools.lru_cache(maxsize=1)
 def _kernels():
     import triton
@@ -107,9 +77,7 @@ def _kernels():
     @triton.jit(do_not_specialize=["n_tokens", "L"])
     def rope_qk_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr, n_tokens, L,
                        H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                       HAS_POS: tl.constexpr, GDC: tl.constexpr):
-        if GDC:   # launch_options: nothing before this line reads or writes memory
-            tl.extra.cuda.gdc_wait()
+                       HAS_POS: tl.constexpr):
         t = tl.program_id(0)
         if HAS_POS:
             p = tl.load(pos_ptr + t)
@@ -138,9 +106,7 @@ def _kernels():
             tl.store(plane + HALF + j, o2.to(out_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
-    def gelu_gate_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr, SPLIT: tl.constexpr, GDC: tl.constexpr):
-        if GDC:
-            tl.extra.cuda.gdc_wait()
+    def gelu_gate_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = c < inter
@@ -172,9 +138,7 @@ def _norm_kernel():
     @triton.jit(do_not_specialize=["n_rows"])
     def add_layer_norm_kernel(x_ptr, o_ptr, ob_ptr, w_ptr, b_ptr, y_ptr, n_rows, d, eps,
                               ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, HAS_OB: tl.constexpr,
-                              NORM: tl.constexpr, HAS_B: tl.constexpr, SPLIT: tl.constexpr, GDC: tl.constexpr):
-        if GDC:
-            tl.extra.cuda.gdc_wait()
+                              NORM: tl.constexpr, HAS_B: tl.constexpr, SPLIT: tl.constexpr):
         r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
         c = tl.arange(0, BLOCK)[None, :]
         cm = c < d
@@ -233,7 +197,7 @@ def rope_qk(qkv, cos, sin, position_ids, B: int, L: int, heads: int):
     pos = position_ids.reshape(-1) if position_ids is not None else qkv   # unused when HAS_POS is False
     kernel[(n,)](qkv, cos, sin, pos, out, n, L, H=heads, HALF=hd // 2,
                  BLOCK_H=triton.next_power_of_2(heads), BLOCK_HALF=triton.next_power_of_2(hd // 2),
-                 HAS_POS=position_ids is not None, **launch_options(qkv))
+                 HAS_POS=position_ids is not None)
     return out
 
 
@@ -256,7 +220,7 @@ def gelu_gate(x, split: int = 0):
     inter = two_i // 2
     out = split_out(n, inter, x.dtype, split, x.device, "gelu_gate")
     block = min(1024, triton.next_power_of_2(inter))
-    kernel[(n, triton.cdiv(inter, block))](x, out, inter, BLOCK=block, SPLIT=split, **launch_options(x))
+    kernel[(n, triton.cdiv(inter, block))](x, out, inter, BLOCK=block, SPLIT=split)
     return out
 
 
@@ -278,7 +242,7 @@ def _norm_launch(x, o, weight, eps: float, out_dtype=None, split: int = 0, bias=
                                     x if y is None else y, n, d, float(eps), ROWS=rows, BLOCK=block,
                                     HAS_RES=o is not None, HAS_OB=o_bias is not None, NORM=norm,
                                     HAS_B=bias is not None, SPLIT=split,
-                                    num_warps=min(max(rows * block // 256, 1), 16), **launch_options(x))
+                                    num_warps=min(max(rows * block // 256, 1), 16))
     return y
 
 
@@ -312,10 +276,7 @@ def _relu_kernel():
 
     # n_rows changes with every CUDA-graph bucket: not specialised (one compiled variant per width)
     @triton.jit(do_not_specialize=["n_rows"])
-    def bias_relu_kernel(x_ptr, b_ptr, out_ptr, n_rows, k, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
-                         GDC: tl.constexpr):
-        if GDC:
-            tl.extra.cuda.gdc_wait()
+    def bias_relu_kernel(x_ptr, b_ptr, out_ptr, n_rows, k, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = c < k
@@ -340,7 +301,7 @@ def bias_relu(x, bias, out_dtype, split: int = 0):
                          % (tuple(x.shape), tuple(bias.shape)))
     out = split_out(n, k, out_dtype, split, x.device, "bias_relu")
     block = min(1024, triton.next_power_of_2(k))
-    kernel[(n, triton.cdiv(k, block))](x, bias, out, n, k, BLOCK=block, SPLIT=split, **launch_options(x))
+    kernel[(n, triton.cdiv(k, block))](x, bias, out, n, k, BLOCK=block, SPLIT=split)
     return out
 
 
@@ -352,9 +313,7 @@ def _split_kernel():
 
     # n_rows changes with every CUDA-graph bucket: not specialised (one compiled variant per width)
     @triton.jit(do_not_specialize=["n_rows"])
-    def split_kernel(x_ptr, out_ptr, n_rows, k, BLOCK: tl.constexpr, TERMS: tl.constexpr, GDC: tl.constexpr):
-        if GDC:
-            tl.extra.cuda.gdc_wait()
+    def split_kernel(x_ptr, out_ptr, n_rows, k, BLOCK: tl.constexpr, TERMS: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = c < k
@@ -374,5 +333,5 @@ def split_fp16(x, terms: int):
         raise ValueError("split_fp16: contiguous [N, K] input and 2 or 3 terms; got %s, %r" % (tuple(x.shape), terms))
     out = torch.empty((n, terms * k), dtype=torch.float16, device=x.device)
     block = min(1024, triton.next_power_of_2(k))
-    kernel[(n, triton.cdiv(k, block))](x, out, n, k, BLOCK=block, TERMS=terms, **launch_options(x))
+    kernel[(n, triton.cdiv(k, block))](x, out, n, k, BLOCK=block, TERMS=terms)
     return out
