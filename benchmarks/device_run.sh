@@ -16,6 +16,8 @@
 #   bench  the side-by-side suite: upstream eager, our engine, gRPC, HTTP (`laya-grpc bench`);
 #          STAGES=...,replicas adds serve --inference-replicas N on the one GPU for N in REPLICAS (default 1,2),
 #          at 8 and 64 HTTP clients: decisions/s and p95 side by side
+#   stacked  the exact mode's model per STACKED_MAX_TOKENS limit of the Wo GEMMs on stacked halves, LIMITS
+#          (default 0,512,2048,16384), captured in one process and replayed in turn (benchmarks/stacked_halves.py)
 #   precision  accuracy and time per float32 part of the fused forward (benchmarks/precision_study.py), on the
 #          large checkpoint and the conditionings in STUDY_CKPTS (default: sharp,heavy); ONLY= limits the variants
 #   wait   64 HTTP clients on one stack per --max-wait-ms value in WAITS (default 0,1,2,4), each alone in
@@ -38,6 +40,11 @@ case ",$PHASES," in *,precision,*|*,parity,*)   # the stage's checkpoints, made 
 import sys; from concurrent.futures import ProcessPoolExecutor as P; from laya_grpc.bench.parity import stage_checkpoints
 with P(4) as ex: print(list(ex.map(stage_checkpoints, ['/tmp/lb'] * 4, ['large'] * 4, [[c] for c in sys.argv[1].split(',')])))
 " ${CONDITIONINGS:-default,flat,sharp,heavy} ;;
+esac
+case ",$PHASES," in *,stacked,*)
+  [ -d /tmp/lb/large ] || python3 -m laya_grpc.cli make-checkpoint /tmp/lb/large --preset large --force >/dev/null
+  timeout ${STACKED_TIMEOUT:-300} python3 -m benchmarks.stacked_halves --ckpt /tmp/lb/large --limits ${LIMITS:-0,512,2048,16384} \
+    --rounds ${ROUNDS:-7} 2>&1 | tee $OUT/stacked_halves.txt | grep -v '^{' ;;
 esac
 case ",$PHASES," in *,precision,*)
   CK="--ckpt large=/tmp/lb/large"; for c in $(echo ${STUDY_CKPTS:-sharp,heavy} | tr , ' '); do CK="$CK --ckpt $c=/tmp/lb/large-$c"; done

@@ -46,13 +46,15 @@ for t in ("fp16", "fp32"):
              {"H": 16, "HALF": 32, "BLOCK_H": 16, "BLOCK_HALF": 32, "HAS_POS": False})
 for t, s in (("fp16", 0), ("fp32", 0), ("fp32", 2), ("fp32", 3)):
     out = "*fp16" if s else "*" + t
-    compile_("gelu_gate %s split %d" % (t, s), gelu, {"x_ptr": "*" + t, "out_ptr": out, "inter": "i32"},
-             {"BLOCK": 1024, "SPLIT": s})
-    for res in (False, True):
-        compile_("add_layer_norm %s split %d residual %s" % (t, s, res), norm,
+    for stack in ((False, True) if s == 2 else (False,)):   # the split form, and its halves as row blocks
+        compile_("gelu_gate %s split %d stack %s" % (t, s, stack), gelu, {"x_ptr": "*" + t, "out_ptr": out,
+                 "inter": "i32"}, {"BLOCK": 1024, "SPLIT": s, "STACK": stack})
+    for res, parts in ((False, 1), (True, 1)) + (((True, 2),) if t == "fp32" else ()):   # 2: o as two products
+        compile_("add_layer_norm %s split %d residual %s parts %d" % (t, s, res, parts), norm,
                  {"x_ptr": "*fp32", "o_ptr": "*" + t, "ob_ptr": "*" + t, "w_ptr": "*" + t, "b_ptr": "*" + t,
                   "y_ptr": out, "n_rows": "i32", "d": "i32", "eps": "fp32"},
-                 {"ROWS": 1, "BLOCK": 1024, "HAS_RES": res, "HAS_OB": False, "NORM": True, "HAS_B": False, "SPLIT": s})
+                 {"ROWS": 1, "BLOCK": 1024, "HAS_RES": res, "HAS_OB": False, "NORM": True, "HAS_B": False, "SPLIT": s,
+                  "PARTS": parts})
     compile_("bias_relu %s split %d" % (t, s), relu, {"x_ptr": "*" + t, "b_ptr": "*" + t, "out_ptr": out,
              "n_rows": "i32", "k": "i32"}, {"BLOCK": 1024, "SPLIT": s})
     if s:
@@ -62,12 +64,14 @@ for t, s in (("fp16", 0), ("fp32", 0), ("fp32", 2), ("fp32", 3)):
     blocks = ({(m, n) for _, m, n in ca.EXACT_BLOCKS} | {ca.EXACT_LARGE_BLOCKS} if (t, s) == ("fp32", 2)
               else {(ca.BLOCK_M, ca.BLOCK_N)})
     for varlen, (bm, bn) in [(False, (ca.BLOCK_M, ca.BLOCK_N))] + [(True, b) for b in sorted(blocks)]:
-        compile_("attention %s split %d varlen %s blocks %d/%d" % (t, s, varlen, bm, bn), attn,
-                 {"qkv_ptr": "*" + t, "cos_ptr": "*" + t, "sin_ptr": "*" + t, "len_ptr": "*i32", "start_ptr": "*i32",
-                  "blk_seg_ptr": "*i32", "blk_m0_ptr": "*i32", "out_ptr": out, "L": "i32", "window": "i32",
-                  "qk_scale": "fp32", "rope": "i32"},
-                 {"H": 16, "HD": 64, "BLOCK_D": 64, "BLOCK_M": bm, "BLOCK_N": bn, "SLIDING": True,
-                  "PREC": "tf32x3" if t == "fp32" else None, "FOR_LOOP": True, "VARLEN": varlen, "SPLIT": s})
+        for stack in ((False, True) if s == 2 else (False,)):
+            compile_("attention %s split %d varlen %s blocks %d/%d stack %s" % (t, s, varlen, bm, bn, stack), attn,
+                     {"qkv_ptr": "*" + t, "cos_ptr": "*" + t, "sin_ptr": "*" + t, "len_ptr": "*i32", "start_ptr": "*i32",
+                      "blk_seg_ptr": "*i32", "blk_m0_ptr": "*i32", "out_ptr": out, "L": "i32", "window": "i32",
+                      "qk_scale": "fp32", "rope": "i32", "n_tokens": "i32"},
+                     {"H": 16, "HD": 64, "BLOCK_D": 64, "BLOCK_M": bm, "BLOCK_N": bn, "SLIDING": True,
+                      "PREC": "tf32x3" if t == "fp32" else None, "FOR_LOOP": True, "VARLEN": varlen, "SPLIT": s,
+                      "STACK": stack})
 print("all variants compiled")
 '''
 

@@ -22,6 +22,7 @@ from laya_grpc.inference.cuda_graphs import PackedForward  # noqa: E402
 from laya_grpc.inference.packing import PackedPlan  # noqa: E402
 from laya_grpc.inference.precision import Precision  # noqa: E402
 from laya_grpc.inference.registry import synthetic_rows  # noqa: E402
+from laya_grpc.inference import split_gemm  # noqa: E402
 from laya_grpc.inference.split_gemm import SplitLinear, mm_fp32_out  # noqa: E402
 from laya_grpc.inference.torch_model import LayaTorch  # noqa: E402
 
@@ -222,6 +223,7 @@ def test_exact_mode_forward_is_unchanged_by_split_writing_kernels(tiny_ckpt, mon
     exact = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float32)
     rows = synthetic_rows(6, 60, 4, exact.spec.vocab_size, seed=2)
     exact.use_fused_kernels(Precision(torch.float32, torch.float32, True, True))
+    monkeypatch.setattr(split_gemm, "STACKED_MAX_TOKENS", 0)   # every split input as [hi | lo] (stacked: below)
     splits = []
     real_split = ck.split_fp16
 
@@ -285,3 +287,76 @@ def test_allocate_only_computes_no_gemm_of_the_fused_forward(tiny_ckpt, monkeypa
     assert [(x.shape, x.dtype) for x in dry] == [(x.shape, x.dtype) for x in before]
     for b, a in zip(before, after):
         assert np.array_equal(b, a)
+
+
+def test_stacked_halves_are_the_split_form_as_row_blocks():
+    """With `stack`, `gelu_gate` and `attention` write split_fp16's two halves of their float32 output as
+    row blocks [hi; lo] (bit for bit the [hi | lo] form's values); `add_layer_norm` with o as [2, N, d]
+    adds o[0] + o[1] in float32 first; and `SplitLinear.on_stacked`'s two products sum to x W^T within
+    float32 accumulation of 2K terms, (K + 1) 2^-24 sum |x_part w| (each product's K terms, then the add)."""
+    g = torch.Generator().manual_seed(5)
+    n = 5
+    u = (torch.randn(n, 2 * 80, generator=g) * 4).float()
+    gs, gst = ck.gelu_gate(u, split=2), ck.gelu_gate(u, split=2, stack=True)
+    assert gst.shape == (2 * n, 80) and torch.equal(gst, torch.cat([gs[:, :80], gs[:, 80:]]))
+    qkv = torch.randn(2 * 40, 3 * 2 * 16, generator=g)                   # 2 rows of 40, 2 heads of 16
+    cos, sin = torch.randn(64, 16, generator=g), torch.randn(64, 16, generator=g)
+    lengths = torch.tensor([40, 23], dtype=torch.int32)
+    a_s = ca.attention(qkv, cos, sin, lengths, 2, 40, 2, 8, True, 0.25, split=2)
+    a_st = ca.attention(qkv, cos, sin, lengths, 2, 40, 2, 8, True, 0.25, split=2, stack=True)
+    written = torch.cat([torch.arange(40), 40 + torch.arange(23)])
+    assert a_st.shape == (2 * 80, 32)
+    assert torch.equal(a_st[written], a_s[written, :32]) and torch.equal(a_st[80 + written], a_s[written, 32:])
+    d = 96
+    x = (torch.randn(n, d, generator=g) * 3).float()
+    o2 = torch.randn(2, n, d, generator=g).float()
+    w = torch.randn(d, generator=g).float()
+    x_a, x_b = x.clone(), x.clone()
+    _, y_a = ck.add_layer_norm(x_a, o2, w, 1e-5, split=2)
+    _, y_b = ck.add_layer_norm(x_b, o2[0] + o2[1], w, 1e-5, split=2)
+    assert torch.equal(x_a, x_b) and torch.equal(y_a, y_b)
+    with pytest.raises(ValueError):
+        ck.add_layer_norm(x, torch.zeros(3, n, d), w, 1e-5)
+    k, m = 200, 48
+    lin = SplitLinear((torch.randn(m, k, generator=g) * k ** -0.5).half().float())   # fp16-exact: two terms
+    xs = ck.split_fp16((torch.randn(n, k, generator=g) * torch.logspace(-2, 2, k)).float(), 2)
+    hi, lo = xs[:, :k], xs[:, k:]
+    parts = lin.on_stacked(torch.cat([hi, lo]).contiguous())
+    assert parts.shape == (2, n, m) and parts.dtype == torch.float32
+    wd = lin.w[:, :k].double()
+    exact = hi.double() @ wd.t() + lo.double() @ wd.t()
+    bound = (k + 1) * 2.0 ** -24 * (hi.double().abs() @ wd.abs().t() + lo.double().abs() @ wd.abs().t())
+    assert bool(((parts[0].double() + parts[1].double()) - exact).abs().le(bound).all())
+    three = SplitLinear(torch.full((m, k), 1.0 + 2.0 ** -13))                          # not fp16-exact: three terms
+    assert three.terms == 3 and not split_gemm.stacked(three, 1) and split_gemm.stacked(lin, 1)
+    assert not split_gemm.stacked(lin, split_gemm.STACKED_MAX_TOKENS + 1)
+    with pytest.raises(ValueError, match="two terms"):
+        three.on_stacked(torch.zeros(2 * n, k, dtype=torch.float16))
+
+
+def test_exact_mode_stacks_the_wo_gemms_in_small_buckets(tiny_ckpt, monkeypatch):
+    """The exact mode's packed forward runs both Wo GEMMs of every layer on stacked halves in a bucket
+    of at most STACKED_MAX_TOKENS tokens and none beyond, and the two forwards' logits agree within
+    float32 accumulation's reach: 2^-14 of their spread (each Wo GEMM's products summed in another
+    order, ~K 2^-24 relative, through a few layers)."""
+    exact = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float32)
+    rows = synthetic_rows(6, 60, 4, exact.spec.vocab_size, seed=4)
+    exact.use_fused_kernels(Precision(torch.float32, torch.float32, True, True))
+    calls = []
+    real = SplitLinear.on_stacked
+
+    def on_stacked(self, x2):
+        calls.append(x2.shape)
+        return real(self, x2)
+    monkeypatch.setattr(SplitLinear, "on_stacked", on_stacked)
+    with torch.inference_mode():
+        ls, as_ = _packed(exact, rows)
+        assert len(calls) == 2 * len(exact.encoder.layers), calls
+        monkeypatch.setattr(split_gemm, "STACKED_MAX_TOKENS", 0)
+        del calls[:]
+        lk, ak = _packed(exact, rows)
+        assert not calls
+    live = np.abs(lk) < 1e3
+    spread = float(np.ptp(lk[live]))
+    assert float(np.abs(ls - lk)[live].max()) <= 2 ** -14 * spread, (float(np.abs(ls - lk)[live].max()), spread)
+    assert float(np.abs(as_ - ak).max()) <= 2 ** -14 * max(float(np.ptp(ak)), 1.0)

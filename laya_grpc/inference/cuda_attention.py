@@ -110,13 +110,13 @@ def _kernel():
     _store_split = ck.split_store()   # the output in a split GEMM's form (cuda_kernels.py)
     globals()["_store_split"] = _store_split
 
-    @triton.jit(do_not_specialize=["L", "window", "rope"])
+    @triton.jit(do_not_specialize=["L", "window", "rope", "n_tokens"])
     def attention_kernel(qkv_ptr, cos_ptr, sin_ptr, len_ptr, start_ptr, blk_seg_ptr, blk_m0_ptr, out_ptr,
-                         L, window, qk_scale, rope,
+                         L, window, qk_scale, rope, n_tokens,
                          H: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          SLIDING: tl.constexpr, PREC: tl.constexpr, FOR_LOOP: tl.constexpr,
-                         VARLEN: tl.constexpr, SPLIT: tl.constexpr):
+                         VARLEN: tl.constexpr, SPLIT: tl.constexpr, STACK: tl.constexpr):
         HALF: tl.constexpr = HD // 2
         STRIDE: tl.constexpr = 3 * H * HD           # one token's row of qkv
         dt = qkv_ptr.dtype.element_ty
@@ -198,6 +198,9 @@ def _kernel():
         if SPLIT == 0:
             out_ptrs = out_ptr + (row0 + offs_m)[:, None] * (H * HD) + h * HD + offs_d[None, :]
             tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=qm)
+        elif STACK:   # the same parts stacked as row blocks, [SPLIT * n_tokens, H*HD] (SplitLinear.on_stacked)
+            out_ptrs = out_ptr + (row0 + offs_m)[:, None] * (H * HD) + h * HD + offs_d[None, :]
+            _store_split(out_ptrs, tl.where(qm, o, 0.0), n_tokens.to(tl.int64) * (H * HD), qm, SPLIT)
         else:   # float32 attention (qkv float32), written as the Wo GEMM's fp16 parts
             out_ptrs = out_ptr + (row0 + offs_m)[:, None] * (SPLIT * H * HD) + h * HD + offs_d[None, :]
             _store_split(out_ptrs, tl.where(qm, o, 0.0), H * HD, qm, SPLIT)   # rows past L: not stored
@@ -248,14 +251,15 @@ def _num_stages(programs: int, device) -> int:
 
 def attention(qkv, cos, sin, lengths, B: int, L: int, heads: int, window: int, sliding: bool,
               scale: float, block_m: int = BLOCK_M, out=None, loop: str | None = None,
-              num_stages: int | None = None, num_warps: int = 4, split: int = 0):
+              num_stages: int | None = None, num_warps: int = 4, split: int = 0, stack: bool = False):
     """One layer's attention, [B*L, H*hd] token-major in qkv's dtype (with `split`, float32 qkv: the
     fp16 parts `cuda_kernels.split_fp16(result, split)` would make, [B*L, split*H*hd]).
 
     qkv: [B*L, 3*H*hd] contiguous (fused Wqkv output); cos/sin: [>= L, hd] contiguous rotary tables
     (position p at row p); lengths: [B] int32 on qkv's device, the real tokens of each
     prefix-contiguous row; window: |i - j| <= window for SLIDING (unused for FULL); scale: softmax
-    scale (hd ** -0.5). For measurements: `block_m` (query rows a program), `out` (the output
+    scale (hd ** -0.5). `stack` (split 2): the two parts as row blocks, [hi; lo] [2 * B*L, H*hd], for
+    split_gemm.SplitLinear.on_stacked. For measurements: `block_m` (query rows a program), `out` (the output
     buffer), `loop` (the key loop's form, "for" | "while"), num_stages / num_warps (Triton's)."""
     triton, kernel = _kernel()
     n, width = qkv.shape
@@ -269,15 +273,15 @@ def attention(qkv, cos, sin, lengths, B: int, L: int, heads: int, window: int, s
     if cos.shape[0] < L or cos.shape[1] != hd:
         raise ValueError("attention: rotary table %s too short for L=%d hd=%d" % (tuple(cos.shape), L, hd))
     if out is None:
-        out = ck.split_out(n, heads * hd, qkv.dtype, split, qkv.device, "attention")
+        out = ck.split_out(n, heads * hd, qkv.dtype, split, qkv.device, "attention", stack)
     grid = (triton.cdiv(L, block_m), B * heads)
     stages = num_stages or _num_stages(grid[0] * grid[1], qkv.device)
     kernel[grid](qkv, cos, sin, lengths, lengths, lengths, lengths, out, L, int(window) if sliding else 0,
-                 float(scale) * _LOG2E, 1,
+                 float(scale) * _LOG2E, 1, n,
                  H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=block_m, BLOCK_N=BLOCK_N,
                  SLIDING=bool(sliding), PREC=dot_precision(qkv.dtype),
                  FOR_LOOP=(loop or ("while" if _interpreted() else "for")) == "for",
-                 VARLEN=False, SPLIT=split, num_warps=num_warps, num_stages=stages)
+                 VARLEN=False, SPLIT=split, STACK=bool(stack), num_warps=num_warps, num_stages=stages)
     return out
 
 
@@ -306,7 +310,7 @@ PACKED_STAGES = 2
 
 def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int, window: int, sliding: bool,
                      scale: float, rope: bool = True, out=None, num_warps: int = 4, num_stages: int | None = None,
-                     split: int = 0, block_m: int = BLOCK_M, block_n: int = BLOCK_N):
+                     split: int = 0, block_m: int = BLOCK_M, block_n: int = BLOCK_N, stack: bool = False):
     """One layer's attention over packed rows (segments of one flat token stream), [N, H*hd].
 
     Each segment attends only within itself (block-diagonal), its positions counted from its own
@@ -317,7 +321,7 @@ def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int
     output: their rows of `out` are left as they were. rope=False skips the rotation (the decision
     head's layers, which use no positions; cos/sin are then ignored). `split`: as `attention`'s;
     block_m: the table's queries per entry, block_n the keys a step (a bucket's `packing.PackedBucket`
-    block_m and block_n)."""
+    block_m and block_n). `stack` (split 2): the parts as row blocks, as `attention`'s."""
     triton, kernel = _kernel()
     n, width = qkv.shape
     hd = width // (3 * heads)
@@ -328,14 +332,14 @@ def attention_packed(qkv, cos, sin, starts, lengths, blk_seg, blk_m0, heads: int
     if cos is None:
         cos = sin = qkv                       # never read (rope=False)
     if out is None:
-        out = ck.split_out(n, heads * hd, qkv.dtype, split, qkv.device, "attention_packed")
+        out = ck.split_out(n, heads * hd, qkv.dtype, split, qkv.device, "attention_packed", stack)
     grid = (blk_seg.shape[0], heads)
     stages = num_stages or PACKED_STAGES
     kernel[grid](qkv, cos, sin, lengths, starts, blk_seg, blk_m0, out, 0, int(window) if sliding else 0,
-                 float(scale) * _LOG2E, int(bool(rope)),
+                 float(scale) * _LOG2E, int(bool(rope)), n,
                  H=heads, HD=hd, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_M=block_m, BLOCK_N=block_n,
                  SLIDING=bool(sliding), PREC=dot_precision(qkv.dtype),
-                 FOR_LOOP=not _interpreted(), VARLEN=True, SPLIT=split,
+                 FOR_LOOP=not _interpreted(), VARLEN=True, SPLIT=split, STACK=bool(stack),
                  num_warps=num_warps, num_stages=stages)
     return out
 

@@ -106,7 +106,7 @@ def _kernels():
             tl.store(plane + HALF + j, o2.to(out_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
-    def gelu_gate_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr, SPLIT: tl.constexpr):
+    def gelu_gate_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr, SPLIT: tl.constexpr, STACK: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = c < inter
@@ -117,6 +117,8 @@ def _kernels():
             # the eager ops round F.gelu's result to the tensor dtype before the multiply
             gelu = gelu.to(out_ptr.dtype.element_ty).to(tl.float32)
             tl.store(out_ptr + r * inter + c, (gelu * g).to(out_ptr.dtype.element_ty), mask=m)
+        elif STACK:   # the parts stacked as row blocks, [SPLIT * N, I] (split_gemm.SplitLinear.on_stacked)
+            _store_split(out_ptr + r * inter + c, gelu * g, tl.num_programs(0).to(tl.int64) * inter, m, SPLIT)
         else:   # a float32 result (nothing to round), written as the split GEMM's fp16 parts
             _store_split(out_ptr + r * (SPLIT * inter) + c, gelu * g, inter, m, SPLIT)
 
@@ -138,7 +140,7 @@ def _norm_kernel():
     @triton.jit(do_not_specialize=["n_rows"])
     def add_layer_norm_kernel(x_ptr, o_ptr, ob_ptr, w_ptr, b_ptr, y_ptr, n_rows, d, eps,
                               ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, HAS_OB: tl.constexpr,
-                              NORM: tl.constexpr, HAS_B: tl.constexpr, SPLIT: tl.constexpr):
+                              NORM: tl.constexpr, HAS_B: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr):
         r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
         c = tl.arange(0, BLOCK)[None, :]
         cm = c < d
@@ -147,6 +149,8 @@ def _norm_kernel():
         h = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
         if HAS_RES:
             o = tl.load(o_ptr + off, mask=m, other=0.0).to(tl.float32)
+            if PARTS == 2:   # o as [2, N, d]: the products of the GEMM input's two fp16 halves, summed here
+                o += tl.load(o_ptr + n_rows.to(tl.int64) * d + off, mask=m, other=0.0).to(tl.float32)
             if HAS_OB:   # the GEMM's bias, added to its float32 output before the residual add
                 o += tl.load(ob_ptr + c, mask=cm, other=0.0).to(tl.float32)
             h += o
@@ -201,26 +205,29 @@ def rope_qk(qkv, cos, sin, position_ids, B: int, L: int, heads: int):
     return out
 
 
-def split_out(n: int, k: int, dtype, split: int, device, what: str):
+def split_out(n: int, k: int, dtype, split: int, device, what: str, stack: bool = False):
     """The output buffer: [n, k] of `dtype`, or with `split` (2 or 3 terms, float32 results only)
-    [n, split * k] fp16 in split_fp16's layout."""
+    [n, split * k] fp16 in split_fp16's layout; with `stack` as well (2 terms) [2 * n, k], the halves
+    stacked as row blocks (split_gemm.SplitLinear.on_stacked)."""
     import torch
     if not split:
         return torch.empty((n, k), dtype=dtype, device=device)
-    if split not in (2, 3) or dtype != torch.float32:
-        raise ValueError("%s: split output needs a float32 result and 2 or 3 terms; got %s, %r" % (what, dtype, split))
-    return torch.empty((n, split * k), dtype=torch.float16, device=device)
+    if split not in (2, 3) or dtype != torch.float32 or (stack and split != 2):
+        raise ValueError("%s: split output needs a float32 result and 2 or 3 terms (2 stacked); got %s, %r, stack %s"
+                         % (what, dtype, split, stack))
+    return torch.empty((2 * n, k) if stack else (n, split * k), dtype=torch.float16, device=device)
 
 
-def gelu_gate(x, split: int = 0):
+def gelu_gate(x, split: int = 0, stack: bool = False):
     """gelu(x[:, :I]) * x[:, I:] for x [N, 2I] (contiguous) -> [N, I]; with `split` (float32 x) the
-    fp16 parts split_fp16(result, split) would make, [N, split * I]."""
+    fp16 parts split_fp16(result, split) would make, [N, split * I]; with `stack` too (2 terms) the
+    same parts as row blocks, [hi; lo] [2N, I]."""
     triton, _, kernel = _kernels()
     n, two_i = x.shape
     inter = two_i // 2
-    out = split_out(n, inter, x.dtype, split, x.device, "gelu_gate")
+    out = split_out(n, inter, x.dtype, split, x.device, "gelu_gate", stack)
     block = min(1024, triton.next_power_of_2(inter))
-    kernel[(n, triton.cdiv(inter, block))](x, out, inter, BLOCK=block, SPLIT=split)
+    kernel[(n, triton.cdiv(inter, block))](x, out, inter, BLOCK=block, SPLIT=split, STACK=bool(stack))
     return out
 
 
@@ -228,8 +235,9 @@ def _norm_launch(x, o, weight, eps: float, out_dtype=None, split: int = 0, bias=
     triton, kernel = _norm_kernel()
     n, d = x.shape
     vectors = [v for v in (weight, bias, o_bias) if v is not None]
+    parts = 2 if o is not None and o.dim() == 3 else 1
     if not x.is_contiguous() or any(v.shape != (d,) for v in vectors) or (o is None and o_bias is not None) \
-            or (o is not None and (o.shape != x.shape or not o.is_contiguous())):
+            or (o is not None and (tuple(o.shape) not in ((n, d), (2, n, d)) or not o.is_contiguous())):
         raise ValueError("add_layer_norm: x, o contiguous [N, d], weight, bias, o_bias [d]; got %s %s %s"
                          % (tuple(x.shape), None if o is None else (tuple(o.shape), o.dtype),
                             [tuple(v.shape) for v in vectors]))
@@ -241,7 +249,7 @@ def _norm_launch(x, o, weight, eps: float, out_dtype=None, split: int = 0, bias=
                                     x if weight is None else weight, x if bias is None else bias,
                                     x if y is None else y, n, d, float(eps), ROWS=rows, BLOCK=block,
                                     HAS_RES=o is not None, HAS_OB=o_bias is not None, NORM=norm,
-                                    HAS_B=bias is not None, SPLIT=split,
+                                    HAS_B=bias is not None, SPLIT=split, PARTS=parts,
                                     num_warps=min(max(rows * block // 256, 1), 16))
     return y
 
@@ -249,7 +257,8 @@ def _norm_launch(x, o, weight, eps: float, out_dtype=None, split: int = 0, bias=
 def add_layer_norm(x, o, weight, eps: float, out_dtype=None, split: int = 0, bias=None, o_bias=None):
     """(x, y): x += o (+ o_bias) in place (rounded to x's dtype, as the eager `x + o`), y =
     layer_norm(x, (d,), weight, bias, eps) in a new buffer of `out_dtype` (default x's). x, o: [N, d]
-    contiguous, each of any float dtype (the residual stream x is float32 on CUDA, o a 16-bit or
+    contiguous (o may be [2, N, d], two float32 parts added first: split_gemm.SplitLinear.on_stacked),
+    each of any float dtype (the residual stream x is float32 on CUDA, o a 16-bit or
     float32 GEMM output); weight, bias, o_bias (o's GEMM bias, added in float32): [d]; fp32 maths.
     With `split` (a float32 y) y comes as split_fp16(y, split) would make it."""
     return x, _norm_launch(x, o, weight, eps, out_dtype, split, bias, o_bias)

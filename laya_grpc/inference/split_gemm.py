@@ -93,6 +93,29 @@ class SplitLinear:
             y.add_(self.bias)
         return y
 
+    def on_stacked(self, x2: torch.Tensor) -> torch.Tensor:
+        """The two products x_hi W^T and x_lo W^T, [2, N, M] float32, for the input's halves stacked as
+        row blocks, [x_hi; x_lo] [2N, K] fp16 (two terms only: fp16 weights, no bias); the kernel after
+        the GEMM adds them (cuda_kernels.add_layer_norm with a [2, N, d] o).
+
+        Why: at a few hundred tokens a GEMM's output is a few dozen of cuBLAS's tiles for 132
+        multiprocessors, and `on_split`'s K, twice the input's, makes each tile's loop twice as long.
+        Stacked, the same work is twice the tiles over half the K, and W is read once."""
+        if self.terms != 2 or self.bias is not None:
+            raise ValueError("on_stacked: two terms and no bias only (terms %d)" % self.terms)
+        n2, k = x2.shape
+        return _mm16_fp32(x2, self.w[:, :k].t()).view(2, n2 // 2, self.out_features)
+
+
+# Buckets of at most this many tokens run the encoder's two Wo GEMMs on stacked halves (`on_stacked`).
+STACKED_MAX_TOKENS = 512
+
+
+def stacked(lin: "SplitLinear | None", tokens: int) -> bool:
+    """Whether a GEMM of `tokens` rows through lin takes its input as stacked halves (`on_stacked`):
+    two terms only (fp16 weights), in buckets of at most STACKED_MAX_TOKENS tokens."""
+    return lin is not None and lin.terms == 2 and tokens <= STACKED_MAX_TOKENS
+
 
 def mm16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T (+ b) in the weights' dtype: the fast mode's Wqkv and Wi GEMMs and its head's in_proj."""

@@ -247,12 +247,15 @@ class LayaTorch(nn.Module):
         sp = self._split.get(id(lin))
         return sp.terms if sp is not None and dtype == torch.float32 else 0
 
-    def _gemm(self, lin, x, out_dtype=None, split: bool = False):
+    def _gemm(self, lin, x, out_dtype=None, split: bool = False, stack: bool = False):
         """x lin.weight^T on the fused path, without lin's bias (the kernel after the GEMM adds it; the
         encoder's linears have none): float32-accurate where split (precision.py), else in the weights'
         dtype, with a float32 result when `out_dtype` asks for it (no rounding before the residual add).
-        `split`: x is already in split form (its kernel wrote it so, `_terms`)."""
+        `split`: x is already in split form (its kernel wrote it so, `_terms`); `stack`: that form's halves
+        stacked as row blocks, and the result the two products [2, N, M] (split_gemm.SplitLinear.on_stacked)."""
         sp = self._split.get(id(lin))
+        if stack:
+            return sp.on_stacked(x)
         if split:
             return sp.on_split(x)
         if sp is not None:
@@ -323,10 +326,10 @@ class LayaTorch(nn.Module):
         pos = None if position_ids is None else position_ids.contiguous()
         scale = hd ** -0.5
 
-        def attend(qkv, kind, split):
+        def attend(qkv, kind, split, stack):
             if one_kernel:
                 return ca.attention(qkv, *tables[kind], lengths, B, L, H, spec.sliding_window, kind == SLIDING, scale,
-                                    split=split)
+                                    split=split, stack=stack)
             qk = ck.rope_qk(qkv, *tables[kind], pos, B, L, H)            # [2, N, H, hd]
             q = qk[0].view(B, L, H, hd).transpose(1, 2)
             k = qk[1].view(B, L, H, hd).transpose(1, 2)
@@ -334,16 +337,19 @@ class LayaTorch(nn.Module):
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[kind], scale=scale).transpose(1, 2).reshape(N, d)
             return ck.split_fp16(a.contiguous(), split) if split else a
 
-        return self._fused_stack(input_ids.reshape(N), attend).view(B, L, d)
+        return self._fused_stack(input_ids.reshape(N), attend, stacking=one_kernel).view(B, L, d)
 
-    def _fused_stack(self, ids, attend) -> torch.Tensor:
+    def _fused_stack(self, ids, attend, stacking: bool = True) -> torch.Tensor:
         """The encoder's layers over a flat token stream ids [N] -> final hidden states [N, d] (in the
         residual's dtype: float32 on the served path): every step is per token except
-        `attend(qkv [N, 3d], layer kind, split) -> [N, d]` (with `split`, Wo's split form of it), which
-        the padded and the packed forwards supply
-        (encode_fused, forward_packed). The residual stream x is `precision.residual` (float32); the
-        GEMMs read y, its normed copy in the weights' dtype."""
+        `attend(qkv [N, 3d], layer kind, split, stack) -> [N, d]` (with `split`, Wo's split form of it;
+        with `stack`, its halves as row blocks), which the padded and the packed forwards supply
+        (encode_fused, forward_packed; `stacking`: whether their attend can stack). The residual stream x
+        is `precision.residual` (float32); the GEMMs read y, its normed copy in the weights' dtype. In
+        buckets of at most split_gemm.STACKED_MAX_TOKENS tokens the two Wo GEMMs take stacked halves
+        and return two products, which the add + norm kernel after each sums."""
         from . import cuda_kernels as ck
+        from .split_gemm import stacked
         enc, p = self.encoder, self.precision
         cdt = enc.embeddings.tok_embeddings.weight.dtype
         norm = enc.embeddings.norm
@@ -356,14 +362,17 @@ class LayaTorch(nn.Module):
             # whose output feeds a float32-accurate GEMM writes it in that GEMM's split form.
             ao_terms = self._terms(layer.attn.Wo, cdt)
             wi_terms, wo_terms = self._terms(layer.mlp.Wi, cdt), self._terms(layer.mlp.Wo, cdt)
-            a = attend(self._gemm(layer.attn.Wqkv, y, split=qkv_terms > 0), kind, ao_terms)   # [N, d]
-            x, y = ck.add_layer_norm(x, self._gemm(layer.attn.Wo, a, p.residual_gemm_out, split=ao_terms > 0),
+            ao_stack = stacking and ao_terms > 0 and stacked(self._split.get(id(layer.attn.Wo)), len(ids))
+            wo_stack = stacking and wo_terms > 0 and stacked(self._split.get(id(layer.mlp.Wo)), len(ids))
+            a = attend(self._gemm(layer.attn.Wqkv, y, split=qkv_terms > 0), kind, ao_terms, ao_stack)   # [N, d]
+            x, y = ck.add_layer_norm(x, self._gemm(layer.attn.Wo, a, p.residual_gemm_out, split=ao_terms > 0,
+                                                   stack=ao_stack),
                                      layer.mlp_norm.weight, layer.mlp_norm.eps, out_dtype=cdt, split=wi_terms)
-            gate = ck.gelu_gate(self._gemm(layer.mlp.Wi, y, split=wi_terms > 0), split=wo_terms)
-            o = self._gemm(layer.mlp.Wo, gate, p.residual_gemm_out, split=wo_terms > 0)
+            gate = ck.gelu_gate(self._gemm(layer.mlp.Wi, y, split=wi_terms > 0), split=wo_terms, stack=wo_stack)
+            o = self._gemm(layer.mlp.Wo, gate, p.residual_gemm_out, split=wo_terms > 0, stack=wo_stack)
             nxt = enc.layers[i + 1].attn_norm if i < last else enc.final_norm
             if nxt is None:                               # an identity norm (ModernBERT: layer 0's only)
-                x = x.add_(o)
+                x = x.add_(o.sum(0) if wo_stack else o)
                 y, qkv_terms = (x if x.dtype == cdt else x.to(cdt)), 0
             else:
                 # the final norm's output is the head's input: in the residual's dtype
@@ -392,10 +401,10 @@ class LayaTorch(nn.Module):
         tables = {kind: self._rope(spec.rope_theta[kind], max_len, ids.device, dtype) for kind in set(spec.layer_types)}
         scale = hd ** -0.5
 
-        def attend(qkv, kind, split):
+        def attend(qkv, kind, split, stack):
             return ca.attention_packed(qkv, *tables[kind], starts, lengths, blk_seg, blk_m0, H, window,
                                        kind == SLIDING, scale, split=split, block_m=block_m,
-                                       block_n=block_n)
+                                       block_n=block_n, stack=stack)
 
         nh = spec.head_heads
         h = self._fused_head(self._fused_stack(ids, attend), self.type_emb(tok_qtype),
