@@ -11,6 +11,9 @@ is ONE fp16 GEMM with float32 accumulation and a float32 output over a K three t
 checkpoints store fp16 weights, so W_lo = 0) the third term vanishes and K doubles only: twice an
 fp16 GEMM's work for a float32 result good to ~2^-21 relative (float32 is 2^-24).
 
+In small buckets the encoder's Wo GEMMs take the halves stacked as rows instead, [x_hi; x_lo] W^T, and
+the kernel after them adds the two products (`SplitLinear.on_stacked`).
+
 Weights are scaled by a power of two before splitting, so W_lo stays out of fp16's subnormal range
 (the output is scaled back; powers of two are exact). Activations are split by one Triton kernel
 (cuda_kernels.split_fp16); they must stay within fp16's range (|x| < 65504), as the fp16 path's do.
@@ -107,7 +110,10 @@ class SplitLinear:
         return _mm16_fp32(x2, self.w[:, :k].t()).view(2, n2 // 2, self.out_features)
 
 
-# Buckets of at most this many tokens run the encoder's two Wo GEMMs on stacked halves (`on_stacked`).
+# Buckets of at most this many tokens run the encoder's two Wo GEMMs on stacked halves (`on_stacked`):
+# in the exact mode's model on an H100 one short row took 1.869 against 1.994 ms, and 1 x 256 to 1 x 512
+# tokens 3.7-5.7% less time; stacked in the 896- and 1,792-token buckets they were 1.2% and 2.0% slower
+# (benchmarks/stacked_halves.py, run 2026-12-08-13efc1c).
 STACKED_MAX_TOKENS = 512
 
 
