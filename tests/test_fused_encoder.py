@@ -124,6 +124,39 @@ def test_padded_exact_forward_splits_the_head_gemms(tiny_par_ckpt, monkeypatch):
         assert fast_err > 0 and float((e - r).abs().max()) < 2 ** -6 * fast_err, fast_err
 
 
+
+def test_padded_exact_forward_stacks_the_wo_gemms(tiny_ckpt, monkeypatch):
+    """The padded forward (sequential layout: one attention kernel) in the exact mode runs both Wo
+    GEMMs of every layer on stacked halves in a bucket of at most STACKED_MAX_TOKENS tokens, and stays
+    float32-accurate by the bound of the test above (under 2^-6 of the fast mode's error)."""
+    from laya_grpc.inference.precision import Precision
+    from laya_grpc.inference.split_gemm import SplitLinear
+    b = _batch(tiny_ckpt)
+    args = (b["input_ids"], b["attention_mask"], b["marker_pos"], b["marker_mask"], b["qtype"])
+    stacked = []
+    real_on_stacked = SplitLinear.on_stacked
+
+    def on_stacked(self, x2):
+        stacked.append(id(self))
+        return real_on_stacked(self, x2)
+    monkeypatch.setattr(SplitLinear, "on_stacked", on_stacked)
+    with torch.inference_mode():
+        ref = LayaTorch.from_checkpoint(tiny_ckpt)(*args)
+        fast = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float16)
+        fast.use_fused_kernels()
+        lf, af = fast(*args)
+        assert not stacked                                          # the fast mode has no split GEMMs
+        exact = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float32)
+        exact.use_fused_kernels(Precision(torch.float32, torch.float32, True, True))
+        le, ae = exact(*args)
+    wo = [id(exact._split[id(m)]) for layer in exact.encoder.layers for m in (layer.attn.Wo, layer.mlp.Wo)]
+    assert sorted(stacked) == sorted(wo), "Wo GEMMs not stacked"
+    live = ref[0].abs() < 1e3
+    for e, f, r in ((le[live], lf[live], ref[0][live]), (ae, af, ref[1])):
+        assert np.isfinite(e.numpy()).all()
+        fast_err = float((f.float() - r).abs().max())
+        assert fast_err > 0 and float((e - r).abs().max()) < 2 ** -6 * fast_err, fast_err
+
 def test_kernel_choice_is_explicit(tiny_ckpt):
     assert resolve_kernels("auto", "cpu") == "reference"
     assert resolve_kernels("reference", "cuda") == "reference"
