@@ -86,76 +86,68 @@ def test_fused_encoder_equals_reference(preset, one_row, tiny_ckpt, tiny_par_ckp
     assert float(ref[0].abs().max()) > 0.5      # a real spread of logits, not a degenerate zero output
 
 
-def test_padded_exact_forward_splits_the_head_gemms(tiny_par_ckpt, monkeypatch):
-    """The padded forward (parallel option layouts) in the exact mode runs every decision-head GEMM
-    through its SplitLinear, as the packed forward does (not torch's fused float32 layer, which runs
-    on a GPU's CUDA cores), and stays float32-accurate. Bound from the arithmetic: split GEMMs carry
-    ~2^-21 relative error where the fast mode rounds each GEMM input to fp16 at 2^-11, so through
-    the same network the exact mode's error against CPU float32 is ~2^-10 of the fast mode's to first
-    order; asserted: under 2^-6 of it (a 16x margin for the differing number of rounding points)."""
-    from laya_grpc.inference.precision import Precision
+def _split_calls(monkeypatch, method: str) -> list:
+    """The ids of the SplitLinears whose `method` (on_split, on_stacked) runs from now on."""
     from laya_grpc.inference.split_gemm import SplitLinear
-    b = _batch(tiny_par_ckpt)
-    args = (b["input_ids"], b["attention_mask"], b["marker_pos"], b["marker_mask"], b["qtype"],
-            b["position_ids"], b["option_ids"])
-    called = []
-    real_on_split = SplitLinear.on_split
+    called, real = [], getattr(SplitLinear, method)
 
-    def on_split(self, x3):
+    def spy(self, x):
         called.append(id(self))
-        return real_on_split(self, x3)
-    monkeypatch.setattr(SplitLinear, "on_split", on_split)
+        return real(self, x)
+    monkeypatch.setattr(SplitLinear, method, spy)
+    return called
+
+
+def _exact_within_fast(path, args, called: list):
+    """The reference forward, the fast mode's and the exact mode's (`called` emptied just before the
+    exact one); asserts the exact mode's error against CPU float32 is under 2^-6 of the fast mode's.
+    Bound from the arithmetic: split GEMMs carry ~2^-21 relative error where the fast mode rounds each
+    GEMM input to fp16 at 2^-11, so through the same network the exact mode's error is ~2^-10 of the
+    fast mode's to first order (a 16x margin for the differing number of rounding points). Returns
+    the exact model."""
+    from laya_grpc.inference.precision import Precision
     with torch.inference_mode():
-        ref = LayaTorch.from_checkpoint(tiny_par_ckpt)(*args)
-        fast = LayaTorch.from_checkpoint(tiny_par_ckpt, dtype=torch.float16)
+        ref = LayaTorch.from_checkpoint(path)(*args)
+        fast = LayaTorch.from_checkpoint(path, dtype=torch.float16)
         fast.use_fused_kernels()
         lf, af = fast(*args)
-        exact = LayaTorch.from_checkpoint(tiny_par_ckpt, dtype=torch.float32)
+        exact = LayaTorch.from_checkpoint(path, dtype=torch.float32)
         exact.use_fused_kernels(Precision(torch.float32, torch.float32, True, True))
         del called[:]
         le, ae = exact(*args)
-    head = [id(exact._split[id(m)]) for layer in exact.head.layers
-            for m in (layer.self_attn, layer.self_attn.out_proj, layer.linear1, layer.linear2)]
-    assert head and set(head) <= set(called), "head GEMMs not split"
     live = ref[0].abs() < 1e3                                      # masked option slots hold -1e4
     for e, f, r in ((le[live], lf[live], ref[0][live]), (ae, af, ref[1])):
         assert np.isfinite(e.numpy()).all()
         fast_err = float((f.float() - r).abs().max())
         assert fast_err > 0 and float((e - r).abs().max()) < 2 ** -6 * fast_err, fast_err
+    return exact
 
+
+def test_padded_exact_forward_splits_the_head_gemms(tiny_par_ckpt, monkeypatch):
+    """The padded forward (parallel option layouts) in the exact mode runs every decision-head GEMM
+    through its SplitLinear, as the packed forward does (not torch's fused float32 layer, which runs
+    on a GPU's CUDA cores), and stays float32-accurate (`_exact_within_fast`)."""
+    b = _batch(tiny_par_ckpt)
+    args = (b["input_ids"], b["attention_mask"], b["marker_pos"], b["marker_mask"], b["qtype"],
+            b["position_ids"], b["option_ids"])
+    called = _split_calls(monkeypatch, "on_split")
+    exact = _exact_within_fast(tiny_par_ckpt, args, called)
+    head = [id(exact._split[id(m)]) for layer in exact.head.layers
+            for m in (layer.self_attn, layer.self_attn.out_proj, layer.linear1, layer.linear2)]
+    assert head and set(head) <= set(called), "head GEMMs not split"
 
 
 def test_padded_exact_forward_stacks_the_wo_gemms(tiny_ckpt, monkeypatch):
     """The padded forward (sequential layout: one attention kernel) in the exact mode runs both Wo
-    GEMMs of every layer on stacked halves in a bucket of at most STACKED_MAX_TOKENS tokens, and stays
-    float32-accurate by the bound of the test above (under 2^-6 of the fast mode's error)."""
-    from laya_grpc.inference.precision import Precision
-    from laya_grpc.inference.split_gemm import SplitLinear
+    GEMMs of every layer, and only those, on stacked halves in a bucket of at most STACKED_MAX_TOKENS
+    tokens, and stays float32-accurate (`_exact_within_fast`)."""
     b = _batch(tiny_ckpt)
     args = (b["input_ids"], b["attention_mask"], b["marker_pos"], b["marker_mask"], b["qtype"])
-    stacked = []
-    real_on_stacked = SplitLinear.on_stacked
-
-    def on_stacked(self, x2):
-        stacked.append(id(self))
-        return real_on_stacked(self, x2)
-    monkeypatch.setattr(SplitLinear, "on_stacked", on_stacked)
-    with torch.inference_mode():
-        ref = LayaTorch.from_checkpoint(tiny_ckpt)(*args)
-        fast = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float16)
-        fast.use_fused_kernels()
-        lf, af = fast(*args)
-        assert not stacked                                          # the fast mode has no split GEMMs
-        exact = LayaTorch.from_checkpoint(tiny_ckpt, dtype=torch.float32)
-        exact.use_fused_kernels(Precision(torch.float32, torch.float32, True, True))
-        le, ae = exact(*args)
+    stacked = _split_calls(monkeypatch, "on_stacked")
+    exact = _exact_within_fast(tiny_ckpt, args, stacked)
     wo = [id(exact._split[id(m)]) for layer in exact.encoder.layers for m in (layer.attn.Wo, layer.mlp.Wo)]
     assert sorted(stacked) == sorted(wo), "Wo GEMMs not stacked"
-    live = ref[0].abs() < 1e3
-    for e, f, r in ((le[live], lf[live], ref[0][live]), (ae, af, ref[1])):
-        assert np.isfinite(e.numpy()).all()
-        fast_err = float((f.float() - r).abs().max())
-        assert fast_err > 0 and float((e - r).abs().max()) < 2 ** -6 * fast_err, fast_err
+
 
 def test_kernel_choice_is_explicit(tiny_ckpt):
     assert resolve_kernels("auto", "cpu") == "reference"
