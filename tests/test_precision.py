@@ -328,8 +328,8 @@ def test_stacked_halves_are_the_split_form_as_row_blocks():
     bound = (k + 1) * 2.0 ** -24 * (hi.double().abs() @ wd.abs().t() + lo.double().abs() @ wd.abs().t())
     assert bool(((parts[0].double() + parts[1].double()) - exact).abs().le(bound).all())
     three = SplitLinear(torch.full((m, k), 1.0 + 2.0 ** -13))                          # not fp16-exact: three terms
-    assert three.terms == 3 and not split_gemm.stacked(three, 1) and split_gemm.stacked(lin, 1)
-    assert not split_gemm.stacked(lin, split_gemm.STACKED_MAX_TOKENS + 1)
+    assert three.terms == 3 and not split_gemm.stacked(three.terms, 1) and split_gemm.stacked(lin.terms, 1)
+    assert not split_gemm.stacked(lin.terms, split_gemm.STACKED_MAX_TOKENS + 1) and not split_gemm.stacked(0, 1)
     with pytest.raises(ValueError, match="two terms"):
         three.on_stacked(torch.zeros(2 * n, k, dtype=torch.float16))
 

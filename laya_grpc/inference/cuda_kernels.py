@@ -238,7 +238,8 @@ def _norm_launch(x, o, weight, eps: float, out_dtype=None, split: int = 0, bias=
     parts = 2 if o is not None and o.dim() == 3 else 1
     if not x.is_contiguous() or any(v.shape != (d,) for v in vectors) or (o is None and o_bias is not None) \
             or (o is not None and (tuple(o.shape) not in ((n, d), (2, n, d)) or not o.is_contiguous())):
-        raise ValueError("add_layer_norm: x, o contiguous [N, d], weight, bias, o_bias [d]; got %s %s %s"
+        raise ValueError("add_layer_norm: x contiguous [N, d], o contiguous [N, d] or [2, N, d], weight, bias, "
+                         "o_bias [d]; got %s %s %s"
                          % (tuple(x.shape), None if o is None else (tuple(o.shape), o.dtype),
                             [tuple(v.shape) for v in vectors]))
     y = split_out(n, d, out_dtype or x.dtype, split, x.device, "add_layer_norm") if norm else None

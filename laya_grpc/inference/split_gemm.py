@@ -117,10 +117,11 @@ class SplitLinear:
 STACKED_MAX_TOKENS = 512
 
 
-def stacked(lin: "SplitLinear | None", tokens: int) -> bool:
-    """Whether a GEMM of `tokens` rows through lin takes its input as stacked halves (`on_stacked`):
-    two terms only (fp16 weights), in buckets of at most STACKED_MAX_TOKENS tokens."""
-    return lin is not None and lin.terms == 2 and tokens <= STACKED_MAX_TOKENS
+def stacked(terms: int, tokens: int) -> bool:
+    """Whether a split GEMM of `terms` (LayaTorch._terms: 0 where the input is not split) over `tokens`
+    rows takes its input as stacked halves (`on_stacked`): two terms only (fp16 weights), in buckets of
+    at most STACKED_MAX_TOKENS tokens."""
+    return terms == 2 and tokens <= STACKED_MAX_TOKENS
 
 
 def mm16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -362,8 +362,7 @@ class LayaTorch(nn.Module):
             # whose output feeds a float32-accurate GEMM writes it in that GEMM's split form.
             ao_terms = self._terms(layer.attn.Wo, cdt)
             wi_terms, wo_terms = self._terms(layer.mlp.Wi, cdt), self._terms(layer.mlp.Wo, cdt)
-            ao_stack = stacking and ao_terms > 0 and stacked(self._split.get(id(layer.attn.Wo)), len(ids))
-            wo_stack = stacking and wo_terms > 0 and stacked(self._split.get(id(layer.mlp.Wo)), len(ids))
+            ao_stack, wo_stack = (stacking and stacked(t, len(ids)) for t in (ao_terms, wo_terms))
             a = attend(self._gemm(layer.attn.Wqkv, y, split=qkv_terms > 0), kind, ao_terms, ao_stack)   # [N, d]
             x, y = ck.add_layer_norm(x, self._gemm(layer.attn.Wo, a, p.residual_gemm_out, split=ao_terms > 0,
                                                    stack=ao_stack),
