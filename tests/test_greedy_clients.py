@@ -154,7 +154,10 @@ def test_a_stream_runs_at_most_its_bound_of_calls_and_reads_on_as_they_end():
             for i in range(300):
                 yield decision_pb2.DecideCall(id=i + 1, request=decision_pb2.DecideRequest())
 
-        class Context:   # the two things serve_calls asks of grpc.aio's servicer context
+        class Context:   # what serve_calls asks of grpc.aio's servicer context
+            async def send_initial_metadata(self, metadata):
+                pass
+
             async def write(self, reply):
                 written.append(reply.id)
 

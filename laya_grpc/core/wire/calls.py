@@ -148,6 +148,15 @@ async def serve_calls(calls, context: grpc.aio.ServicerContext, handle: Callable
                 pass   # the stream ended (the client left, or it was aborted): nobody to answer
 
     table = CallTable(handle, send, reply_cls, error_cls, name)
+    # The headers go out before any call is read. Otherwise the first reply's write carries them,
+    # and a status sent while that write is in flight (an undecodable frame's INVALID_ARGUMENT,
+    # rpc.UndecodableRequests) carries them too: gRPC's core refuses the second batch, and the
+    # stream never ends for its client.
+    try:
+        await context.send_initial_metadata(())
+    except Exception as e:  # noqa: BLE001 - cygrpc.ExecuteBatchError, which grpc does not export
+        log.debug("%s stream ended before it began: %s", name, e)   # its client left: nobody to answer
+        return
     try:
         async for call in calls:
             table.receive(call)
