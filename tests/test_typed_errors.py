@@ -296,11 +296,13 @@ def test_an_undecodable_frame_while_a_reply_is_written_still_ends_the_stream():
     assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 20, codes
 
 
-def test_a_status_for_a_call_that_already_ended_ends_it_as_cancelled():
+def test_a_status_for_a_call_that_already_ended_ends_it_as_cancelled(caplog):
     """When a deadline and an error answer meet in the same instant, gRPC's core refuses the status
     batch; the handler then ends as cancelled (debug log) instead of raising the core's error,
-    which grpc logs with a traceback at ERROR."""
+    which grpc logs with a traceback at ERROR. A batch the core refuses to start is our bug: a
+    warning."""
     import asyncio
+    import logging
 
     from laya_grpc.core.wire import rpc
 
@@ -312,7 +314,17 @@ def test_a_status_for_a_call_that_already_ended_ends_it_as_cancelled():
         async def abort(self, code, details, trailing_metadata=()):
             raise grpc.aio.AbortError()
 
-    with pytest.raises(asyncio.CancelledError):
-        asyncio.run(rpc.abort(EndedCall(), LayaError(Kind.BUSY, "server busy")))
+    class RefusedBatch:
+        async def abort(self, code, details, trailing_metadata=()):
+            raise RuntimeError("Failed grpc_call_start_batch: 8 with grpc_call_error value: "
+                               "'GRPC_CALL_ERROR_TOO_MANY_OPERATIONS'")
+
+    with caplog.at_level(logging.DEBUG, logger="laya_grpc.core.wire.rpc"):
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(rpc.abort(EndedCall(), LayaError(Kind.BUSY, "server busy")))
+        assert [r.levelno for r in caplog.records] == [logging.DEBUG]
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(rpc.abort(RefusedBatch(), LayaError(Kind.BAD_REQUEST, "bad")))
+        assert [r.levelno for r in caplog.records] == [logging.DEBUG, logging.WARNING]
     with pytest.raises(grpc.aio.AbortError):
         asyncio.run(rpc.abort(LiveCall(), LayaError(Kind.BUSY, "server busy")))

@@ -188,7 +188,9 @@ async def abort(context: grpc.aio.ServicerContext, err: LayaError):
 
     A call whose deadline passed or whose client left in the same instant has already ended in
     gRPC's core, which refuses the status batch; nobody is left to read it, so the call ends as
-    cancelled (logged at debug) instead of an ExecuteBatchError traceback in the log."""
+    cancelled (logged at debug) instead of an ExecuteBatchError traceback in the log. A status batch
+    the core refuses to start (two batches sending the headers at once, say) is a bug of ours, and
+    its client is left to its deadline: that is logged as a warning."""
     st = rpc_status.to_status(status_of(err))
     extra = ((KIND_METADATA_KEY, err.kind.name),)
     if err.kind is Kind.BUSY:
@@ -198,7 +200,10 @@ async def abort(context: grpc.aio.ServicerContext, err: LayaError):
     except grpc.aio.AbortError:
         raise
     except Exception as e:  # noqa: BLE001 - cygrpc.ExecuteBatchError, which grpc does not export
-        log.debug("status %s not sent, the call had ended: %s", err.kind.name, e)
+        if "grpc_call_start_batch" in str(e):   # refused before it ran (e.g. TOO_MANY_OPERATIONS): a bug of
+            log.warning("status %s not sent: %s", err.kind.name, e)   # ours, and the client waits for its deadline
+        else:
+            log.debug("status %s not sent, the call had ended: %s", err.kind.name, e)
         raise asyncio.CancelledError() from e
 
 
