@@ -112,7 +112,7 @@ class SplitLinear:
 
 # Buckets of at most this many tokens run the encoder's two Wo GEMMs on stacked halves (`on_stacked`):
 # in the exact mode's model on an H100 one short row took 1.869 against 1.994 ms, and two or three short
-# rows, 1 x 256 and 1 x 512 tokens 3.7-5.7% less time; stacked in the 896- and 1,792-token buckets they
+# rows, 1 x 256 and 1 x 512 tokens 3.6-5.4% less time; stacked in the 896- and 1,792-token buckets they
 # were 1.2% and 2.0% slower (benchmarks/stacked_halves.py, run 2026-12-08-13efc1c).
 STACKED_MAX_TOKENS = 512
 
